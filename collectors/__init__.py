@@ -1,0 +1,1 @@
+"""Per-node agent: metric sources and the cluster simulator. Imports only ``minder.core``."""

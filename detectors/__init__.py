@@ -1,0 +1,1 @@
+"""Faulty-machine detection: rules, peer scoring, continuity. Imports only ``minder.core``."""

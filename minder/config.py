@@ -1,0 +1,76 @@
+"""Settings of the service and CLI (pydantic-settings, prefix ``MINDER_``, nested with ``__``).
+
+Only entry points (the CLI, the API app factory) build :class:`Settings`; libraries take plain
+arguments. Example: ``MINDER_KAFKA__BOOTSTRAP=broker:9092 MINDER_DATABASE__URL=postgresql+psycopg://…``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
+
+
+class KafkaSettings(BaseModel):
+    """Where the metrics come from and alerts go."""
+
+    bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port…] of the brokers")
+    metrics_topic: str = METRICS_TOPIC
+    alerts_topic: str = ALERTS_TOPIC
+    deadletter_topic: str = DEADLETTER_TOPIC
+    group_id: str = "minder-detect"
+    partitions: int = Field(4, ge=1, description="partitions when Minder creates its topics")
+    client_id: str = "minder"
+    # kafka-python waits max_poll_interval_ms for slow members when a group rebalances; the
+    # default (5 min) makes every restart stall, so keep it short.
+    max_poll_interval_ms: int = Field(10_000, ge=1_000)
+    session_timeout_ms: int = Field(10_000, ge=1_000)
+    heartbeat_interval_ms: int = Field(1_000, ge=100)
+
+
+class DatabaseSettings(BaseModel):
+    """Alert and job storage."""
+
+    url: str = Field("sqlite:///minder.db", description="SQLAlchemy URL; PostgreSQL in production")
+    echo: bool = False
+
+
+class ApiSettings(BaseModel):
+    """HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class DetectionSettings(BaseModel):
+    """Detection loop parameters (see ``detectors.peer.PeerDetectorConfig`` for their meaning)."""
+
+    window_s: int = Field(8, ge=2, le=600)
+    threshold: float = Field(6.0, gt=0)
+    continuity_s: int = Field(20, ge=1)
+    silence_s: float = Field(10.0, gt=0)
+    grace_s: float = Field(2.0, ge=0, description="how long to wait for late samples of a second")
+    min_machines: int = Field(4, ge=2)
+
+
+class WebhookSettings(BaseModel):
+    """Alert webhooks to the scheduler."""
+
+    urls: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class Settings(BaseSettings):
+    """Every setting of Minder."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MINDER_", env_nested_delimiter="__", env_file=None, extra="ignore"
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    log_level: str = "INFO"

@@ -1,0 +1,4 @@
+"""Contracts shared by every package: metric names, records, codecs, errors.
+
+Nothing here imports any other package of ours (see DESIGN.md §2).
+"""

@@ -1,0 +1,212 @@
+"""Wire codec of the per-node batch (DESIGN.md §3.2).
+
+Two encodings share one envelope: msgpack (the default, chosen by ``bench/codec.py``: see the
+README) and JSON (orjson; readable with any Kafka tool). The decoder recognises either from the
+first byte, validates the whole message, and raises :class:`DecodeError` with the reason, so the
+consumer can route it to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+import msgpack
+import orjson
+
+from minder.core.errors import DecodeError, ValidationError
+from minder.core.metrics import METRICS, MetricSpec, validate_device
+from minder.core.records import SCHEMA_VERSION, Event, EventKind, NodeBatch, Sample
+
+
+class WireFormat(StrEnum):
+    """Encodings the codec writes."""
+
+    MSGPACK = "msgpack"
+    JSON = "json"
+
+
+DEFAULT_FORMAT = WireFormat.MSGPACK
+
+_EVENT_KINDS = {kind.value: kind for kind in EventKind}
+# (metric, device) pairs already checked: a node reports the same few hundred pairs every second,
+# so the device-name check runs once per pair instead of once per sample.
+_checked_pairs: dict[tuple[str, str], MetricSpec] = {}
+_MAX_CHECKED_PAIRS = 200_000
+
+
+def batch_to_dict(batch: NodeBatch) -> dict[str, Any]:
+    """Return the envelope as plain data (the form both encodings carry)."""
+    return {
+        "schema": batch.schema,
+        "job": batch.job,
+        "node": batch.node,
+        "ts": batch.ts,
+        "interval_s": batch.interval_s,
+        "labels": batch.labels,
+        "samples": [list(s) for s in batch.samples],
+        "events": [_event_to_dict(e) for e in batch.events],
+    }
+
+
+def _event_to_dict(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": event.kind.value, "device": event.device, "ts": event.ts}
+    if event.code is not None:
+        out["code"] = event.code
+    if event.message:
+        out["message"] = event.message
+    return out
+
+
+def encode_batch(batch: NodeBatch, fmt: WireFormat = DEFAULT_FORMAT) -> bytes:
+    """Encode one batch for the wire."""
+    data = batch_to_dict(batch)
+    if fmt is WireFormat.JSON:
+        return orjson.dumps(data)
+    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    return packed
+
+
+def decode_batch(payload: bytes) -> NodeBatch:
+    """Decode and validate one wire message.
+
+    Raises
+    ------
+    DecodeError
+        The payload is not a well-formed batch; ``reason`` names the field, the value received
+        and what was expected.
+    """
+    if not payload:
+        raise DecodeError("empty message: expected a JSON or msgpack batch envelope")
+    first = payload[0]
+    try:
+        if first in (0x7B, 0x20, 0x0A, 0x0D, 0x09):  # '{' or leading whitespace: JSON
+            data = orjson.loads(payload)
+        else:
+            data = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
+        raise DecodeError(
+            f"undecodable payload ({len(payload)} bytes, first byte 0x{first:02x}): {exc}"
+        ) from None
+    except Exception as exc:  # msgpack raises assorted errors on truncated input
+        raise DecodeError(f"undecodable payload ({len(payload)} bytes): {exc!r}") from None
+    return batch_from_dict(data)
+
+
+def batch_from_dict(data: Any) -> NodeBatch:
+    """Validate plain data (as decoded) into a :class:`NodeBatch`."""
+    if not isinstance(data, dict):
+        raise DecodeError(f"envelope is {type(data).__name__}: expected an object/map")
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise DecodeError(f"field 'schema' is {schema!r}: expected {SCHEMA_VERSION}")
+    job = _text(data, "job")
+    node = _text(data, "node")
+    ts = _number(data, "ts")
+    interval_s = _number(data, "interval_s", default=1.0)
+    if interval_s <= 0:
+        raise DecodeError(f"field 'interval_s' is {interval_s!r}: expected a positive number")
+    labels = data.get("labels", {})
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise DecodeError(f"field 'labels' is {labels!r}: expected a map of strings to strings")
+    samples = _samples(data.get("samples", []))
+    events = _events(data.get("events", []))
+    return NodeBatch(
+        job=job,
+        node=node,
+        ts=ts,
+        interval_s=interval_s,
+        labels=labels,
+        samples=samples,
+        events=events,
+        schema=SCHEMA_VERSION,
+    )
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise DecodeError(f"field {key!r} is {value!r}: expected a non-empty string")
+    return value
+
+
+def _number(data: dict[str, Any], key: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DecodeError(f"field {key!r} is {value!r}: expected a finite number")
+    return float(value)
+
+
+def _samples(raw: Any) -> list[Sample]:
+    if not isinstance(raw, list):
+        raise DecodeError(f"field 'samples' is {type(raw).__name__}: expected a list")
+    out: list[Sample] = []
+    append = out.append
+    checked = _checked_pairs
+    for i, item in enumerate(raw):
+        try:
+            name, device, value = item
+        except (TypeError, ValueError):
+            raise DecodeError(
+                f"samples[{i}] is {item!r}: expected [metric, device, value]"
+            ) from None
+        spec = checked.get((name, device)) if isinstance(name, str) else None
+        if spec is None:
+            spec = _check_pair(i, name, device)
+        # Exact class checks refuse bools and strings; the finite upper bound refuses inf and NaN.
+        value_class = value.__class__
+        if (value_class is not float and value_class is not int) or not (
+            spec.lower <= value <= spec.upper
+        ):
+            raise DecodeError(
+                f"samples[{i}] {name}{{{device}}} has value {value!r}: expected a finite number "
+                f"in [{spec.lower:g}, {spec.upper:g}] ({spec.unit})"
+            )
+        append((name, device, float(value)))
+    return out
+
+
+def _check_pair(i: int, name: Any, device: Any) -> MetricSpec:
+    if not isinstance(name, str) or not isinstance(device, str):
+        raise DecodeError(
+            f"samples[{i}] has metric {name!r} and device {device!r}: expected two strings"
+        )
+    spec = METRICS.get(name)
+    if spec is None:
+        raise DecodeError(f"samples[{i}] has unknown metric {name!r}: expected a name of §3.1")
+    try:
+        validate_device(spec, device)
+    except ValidationError as exc:
+        raise DecodeError(f"samples[{i}]: {exc}") from None
+    if len(_checked_pairs) < _MAX_CHECKED_PAIRS:
+        _checked_pairs[(name, device)] = spec
+    return spec
+
+
+def _events(raw: Any) -> list[Event]:
+    if not isinstance(raw, list):
+        raise DecodeError(f"field 'events' is {type(raw).__name__}: expected a list")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise DecodeError(f"events[{i}] is {item!r}: expected an object")
+        kind = _EVENT_KINDS.get(item.get("kind"))  # type: ignore[arg-type]
+        if kind is None:
+            raise DecodeError(
+                f"events[{i}] has kind {item.get('kind')!r}: expected one of {sorted(_EVENT_KINDS)}"
+            )
+        device = item.get("device", "")
+        if not isinstance(device, str):
+            raise DecodeError(f"events[{i}] has device {device!r}: expected a string")
+        ts = _number(item, "ts")
+        code = item.get("code")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise DecodeError(f"events[{i}] has code {code!r}: expected an integer")
+        message = item.get("message", "")
+        if not isinstance(message, str):
+            raise DecodeError(f"events[{i}] has message {message!r}: expected a string")
+        out.append(Event(kind=kind, device=device, ts=ts, code=code, message=message))
+    return out

@@ -1,0 +1,190 @@
+"""Reader and writer of the canonical metric table (DESIGN.md §3.3).
+
+Long format, one row per sample: ``ts, job, machine, metric, value`` and the optional
+``device, group, domain`` (empty string when absent). Parquet or CSV, chosen by the file
+extension; CSV may be gzip-compressed (``.csv.gz``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from minder.core.errors import TableError
+from minder.core.metrics import METRICS
+from minder.core.records import NodeBatch
+
+REQUIRED_COLUMNS = ("ts", "job", "machine", "metric", "value")
+OPTIONAL_COLUMNS = ("device", "group", "domain")
+COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+_TEXT_COLUMNS = ("job", "machine", "metric", "device", "group", "domain")
+_SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
+
+
+def table_format(path: str | Path) -> str:
+    """Return ``"parquet"`` or ``"csv"`` for ``path``, refusing other extensions."""
+    name = str(path).lower()
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    raise TableError(f"file {str(path)!r} has an unknown extension: expected one of {_SUFFIXES}")
+
+
+def empty_table() -> pd.DataFrame:
+    """A canonical table with no rows."""
+    return normalize_table(pd.DataFrame({c: [] for c in COLUMNS}))
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read and validate a canonical metric table.
+
+    Raises
+    ------
+    TableError
+        A required column is missing, a value or timestamp is not a finite number, a metric name
+        is unknown, or a name column is empty; the message names the column and the 0-based
+        data row.
+    FileNotFoundError
+        ``path`` does not exist.
+    """
+    path = Path(path)
+    fmt = table_format(path)
+    if not path.exists():
+        raise FileNotFoundError(f"metric table {str(path)!r} does not exist")
+    if fmt == "parquet":
+        frame = pd.read_parquet(path)
+    else:
+        # Everything as text first, so a bad cell is reported by row instead of silently coerced.
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return validate_table(frame)
+
+
+def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Validate a table held in memory and return it in canonical dtypes."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise TableError(
+            f"missing required column(s) {missing}: expected columns {list(REQUIRED_COLUMNS)} "
+            f"and optionally {list(OPTIONAL_COLUMNS)}; found {list(frame.columns)}",
+            column=missing[0],
+        )
+    out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
+    for column in ("ts", "value"):
+        out[column] = _numeric_column(frame[column], column)
+    for column in _TEXT_COLUMNS:
+        if column in frame.columns:
+            values = frame[column].astype("string").fillna("").str.strip()
+        else:
+            values = pd.Series("", index=out.index, dtype="string")
+        if column in ("job", "machine", "metric"):
+            empty = np.flatnonzero((values == "").to_numpy())
+            if empty.size:
+                raise TableError(
+                    "empty value: expected a non-empty name", column=column, row=int(empty[0])
+                )
+        out[column] = values
+    metric_names = out["metric"].astype("category")
+    unknown = [m for m in metric_names.cat.categories if m not in METRICS]
+    if unknown:
+        row = int(np.flatnonzero((out["metric"] == unknown[0]).to_numpy())[0])
+        raise TableError(
+            f"unknown metric {unknown[0]!r}: expected one of the canonical names of DESIGN.md "
+            f"§3.1 (e.g. 'gpu_util_ratio', 'pfc_tx_pause_per_second')",
+            column="metric",
+            row=row,
+        )
+    return normalize_table(out)
+
+
+def _numeric_column(series: pd.Series, column: str) -> np.ndarray:
+    if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
+        values = series.to_numpy(dtype="float64", na_value=np.nan)
+    else:
+        values = pd.to_numeric(series, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        row = int(bad[0])
+        raise TableError(
+            f"value {series.iloc[row]!r} is not a finite number: expected a number "
+            f"({'unix seconds' if column == 'ts' else 'in the metric base unit'})",
+            column=column,
+            row=row,
+        )
+    return values
+
+
+def normalize_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Return ``frame`` with the canonical column order and dtypes (names as categories)."""
+    out = pd.DataFrame(
+        {
+            "ts": frame["ts"].astype("float64"),
+            "job": frame["job"].astype("category"),
+            "machine": frame["machine"].astype("category"),
+            "metric": frame["metric"].astype("category"),
+            "value": frame["value"].astype("float64"),
+        }
+    )
+    for column in OPTIONAL_COLUMNS:
+        source = frame[column] if column in frame.columns else ""
+        out[column] = (
+            pd.Series(source, index=out.index).astype("string").fillna("").astype("category")
+        )
+    return out.reset_index(drop=True)
+
+
+def write_table(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write a canonical table; the extension picks Parquet or (gzipped) CSV."""
+    path = Path(path)
+    fmt = table_format(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = normalize_table(frame)
+    if fmt == "parquet":
+        frame.to_parquet(path, index=False, compression="zstd")
+    else:
+        frame.to_csv(path, index=False, float_format="%.9g")
+    return path
+
+
+def batches_to_table(batches: Iterable[NodeBatch]) -> pd.DataFrame:
+    """Flatten node batches into canonical rows (events are not rows; their counts are)."""
+    ts: list[float] = []
+    job: list[str] = []
+    machine: list[str] = []
+    metric: list[str] = []
+    device: list[str] = []
+    value: list[float] = []
+    group: list[str] = []
+    domain: list[str] = []
+    for batch in batches:
+        n = len(batch.samples)
+        if not n:
+            continue
+        ts.extend([batch.ts] * n)
+        job.extend([batch.job] * n)
+        machine.extend([batch.node] * n)
+        group.extend([batch.group] * n)
+        domain.extend([batch.domain] * n)
+        for name, dev, val in batch.samples:
+            metric.append(name)
+            device.append(dev)
+            value.append(val)
+    if not ts:
+        return empty_table()
+    return normalize_table(
+        pd.DataFrame(
+            {
+                "ts": ts,
+                "job": job,
+                "machine": machine,
+                "metric": metric,
+                "value": value,
+                "device": device,
+                "group": group,
+                "domain": domain,
+            }
+        )
+    )

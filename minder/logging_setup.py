@@ -1,0 +1,22 @@
+"""Logging configuration, called only by entry points (CLI, service main)."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.logging import RichHandler
+
+
+def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:
+    """Configure the root logger once; libraries only call ``logging.getLogger(__name__)``."""
+    handler: logging.Handler = (
+        RichHandler(show_path=False, rich_tracebacks=True) if rich else logging.StreamHandler()
+    )
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(message)s" if rich else "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[handler],
+        force=True,
+    )
+    # kafka-python logs every reconnect attempt at INFO/WARNING; keep the console readable.
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -1,0 +1,1 @@
+"""What-if straggler analysis of job traces. Imports only ``minder.core``."""
