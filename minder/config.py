@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from detectors.config import DetectorConfig
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
 
 
@@ -52,6 +53,16 @@ class DetectionSettings(BaseModel):
     silence_s: float = Field(10.0, gt=0)
     grace_s: float = Field(2.0, ge=0, description="how long to wait for late samples of a second")
     min_machines: int = Field(4, ge=2)
+
+    def detector_config(self) -> DetectorConfig:
+        """These parameters as the detector takes them."""
+        return DetectorConfig(
+            window_s=self.window_s,
+            threshold=self.threshold,
+            continuity_s=self.continuity_s,
+            silence_s=self.silence_s,
+            min_machines=self.min_machines,
+        )
 
 
 class WebhookSettings(BaseModel):

@@ -1,0 +1,99 @@
+"""Parameters of the streaming detector, with the reason behind each default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Application-caused XIDs (a user kernel's fault, not the machine's): evicting the machine would
+# not help. 13: graphics engine exception, 31: MMU fault, 43: GPU stopped processing (the
+# process was killed), 45: preemptive cleanup after another fault.
+BENIGN_XIDS: frozenset[int] = frozenset({13, 31, 43, 45})
+
+# The smallest deviation worth a z-score of 1, per unit: below this the instruments' own
+# resolution and normal machine-to-machine spread dominate. It keeps the robust scale from
+# collapsing when every machine reads the same (a stalled job: tensor activity 0 everywhere).
+UNIT_FLOORS: dict[str, float] = {
+    "ratio": 0.02,
+    "watts": 5.0,
+    "celsius": 1.0,
+    "hertz": 15e6,
+    "bytes": 256 * 2**20,
+    "bytes_per_second": 10e6,
+    "1/s": 10.0,
+    "seconds": 0.005,
+    "1": 1.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    """Parameters of :class:`detectors.peer.PeerDetector`.
+
+    Attributes
+    ----------
+    window_s
+        Seconds averaged into one score (Minder's window w = 8 s): the denoising step.
+    threshold
+        Robust z-score (deviation from the peers' median over a MAD-based scale) above which a
+        machine is an outlier on a metric.
+    continuity_s
+        Consecutive seconds a machine must stay an outlier before a similarity alert (Minder
+        uses 4 minutes in batch; streaming lets us act sooner).
+    silence_s
+        Seconds without any sample from a machine, while its peers report, before a silence
+        alert.
+    min_machines
+        Jobs with fewer machines have no meaningful peers and are skipped (logged once).
+    min_group
+        A ``group`` with fewer machines is compared with the whole job instead.
+    rel_floor
+        The robust scale is at least this fraction of the peers' median.
+    lost_device_s
+        Seconds all of a GPU's series must be absent, while its machine reports, to call the GPU
+        lost.
+    level_persist_s
+        Seconds a PCIe link generation or width must stay below the peers' before a rule alert.
+    error_seconds
+        Of the last ``window_s`` seconds, how many must carry NVLink or symbol errors before a
+        rule alert (a lone correctable error is normal).
+    rearm_s
+        A condition absent this long ends its episode; seeing it again is a new fault.
+    domain_fraction, domain_min_machines
+        When at least this share (and this count) of one domain's machines go silent or lose
+        their links together, one alert names the domain instead of each machine.
+    settle_s
+        How long silence and link-down findings wait for their domain neighbours before firing.
+    """
+
+    window_s: int = 8
+    threshold: float = 6.0
+    continuity_s: int = 20
+    silence_s: float = 10.0
+    min_machines: int = 4
+    min_group: int = 4
+    rel_floor: float = 0.02
+    lost_device_s: int = 3
+    level_persist_s: int = 3
+    error_seconds: int = 3
+    rearm_s: int = 120
+    domain_fraction: float = 0.5
+    domain_min_machines: int = 2
+    settle_s: int = 3
+    benign_xids: frozenset[int] = field(default=BENIGN_XIDS)
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "continuity_s", "min_machines", "min_group", "rearm_s"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} is {value!r}: expected a positive integer")
+        if self.threshold <= 0 or self.silence_s <= 0:
+            raise ValueError(
+                f"threshold={self.threshold!r} and silence_s={self.silence_s!r}: expected > 0"
+            )
+        if not 0 < self.domain_fraction <= 1:
+            raise ValueError(f"domain_fraction is {self.domain_fraction!r}: expected (0, 1]")
+
+    @property
+    def horizon_s(self) -> int:
+        """Seconds of history the window must keep for these parameters."""
+        return max(2 * self.window_s, int(self.silence_s) * 4, 64)

@@ -1,0 +1,257 @@
+"""Immediate rules for hard faults: XID/ECC, GPU lost, NIC link down, PCIe downgrade, NVLink and
+symbol errors, and silence of a machine whose peers still report.
+
+Each rule reads the job window at one second and returns :class:`Finding` objects; none keeps
+state, so the detector can evaluate any second in any order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.config import DetectorConfig
+from detectors.findings import Finding
+from detectors.window import NEVER, JobWindow
+from minder.core.alert import AlertKind
+from minder.core.metrics import DeviceFamily
+from minder.core.records import EventKind
+
+_EVENT_RULES: dict[EventKind, tuple[str, str]] = {
+    EventKind.XID: ("gpu_fatal", "gpu_xid_count"),
+    EventKind.ECC: ("gpu_fatal", "gpu_ecc_dbe_count"),
+    EventKind.GPU_LOST: ("gpu_fatal", "gpu_lost"),
+    EventKind.RECOVERY_ACTION: ("gpu_fatal", "gpu_recovery_action"),
+    EventKind.LINK_DOWN: ("nic", "rdma_port_up"),
+    EventKind.NVLINK_ERROR: ("nvlink", "gpu_nvlink_error_count"),
+}
+
+
+def evaluate_rules(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
+    """Every hard-fault finding at second ``now``."""
+    findings: list[Finding] = []
+    findings += event_findings(window, now, config)
+    findings += count_findings(window, now, "gpu_xid_count", "gpu_fatal", "xid")
+    findings += count_findings(window, now, "gpu_ecc_dbe_count", "gpu_fatal", "ecc_dbe")
+    findings += count_findings(window, now, "rdma_link_downed_count", "nic", "link_downed")
+    findings += port_down_findings(window, now)
+    findings += lost_gpu_findings(window, now, config)
+    for metric in ("gpu_pcie_link_width", "gpu_pcie_link_gen"):
+        findings += level_below_peers_findings(window, now, metric, config)
+    findings += repeated_error_findings(window, now, "gpu_nvlink_error_count", "nvlink", config)
+    findings += repeated_error_findings(window, now, "rdma_symbol_error_count", "nic", config)
+    findings += silence_findings(window, now, config)
+    return findings
+
+
+def event_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
+    """Events the agent reported (XID with its code, GPU lost, link down …)."""
+    out = []
+    for pending in window.take_events(now):
+        event = pending.event
+        if event.kind is EventKind.XID and event.code in config.benign_xids:
+            continue
+        family, metric = _EVENT_RULES[event.kind]
+        evidence = {"rule": f"event:{event.kind.value}", "code": event.code, "ts": event.ts}
+        if event.message:
+            evidence["message"] = event.message
+        out.append(
+            Finding(
+                machine=pending.machine,
+                kind=AlertKind.RULE,
+                family=family,
+                metric=metric,
+                score=1.0,
+                first_sec=int(event.ts),
+                devices=(event.device,) if event.device else (),
+                evidence=evidence,
+            )
+        )
+    return out
+
+
+def count_findings(
+    window: JobWindow, now: int, metric: str, family: str, rule: str
+) -> list[Finding]:
+    """A count metric above zero at ``now`` (XIDs, uncorrectable ECC, link-down events)."""
+    cols, devices = window.columns_of(metric)
+    if cols.size == 0:
+        return []
+    values = window.window(now, 1, cols)[0]
+    hits = np.argwhere(np.nan_to_num(values) > 0)
+    out = []
+    for m, c in hits:
+        out.append(
+            Finding(
+                machine=int(m),
+                kind=AlertKind.RULE,
+                family=family,
+                metric=metric,
+                score=float(values[m, c]),
+                first_sec=now,
+                devices=(devices[c],),
+                evidence={"rule": rule, "value": float(values[m, c]), "ts": now},
+            )
+        )
+    return out
+
+
+def port_down_findings(window: JobWindow, now: int) -> list[Finding]:
+    """An RDMA port reported down (``rdma_port_up`` 0) while it, or its peers, were up."""
+    cols, devices = window.columns_of("rdma_port_up")
+    if cols.size == 0:
+        return []
+    history = window.window(now, window.horizon_s, cols)
+    current = history[-1]
+    peer_up = np.nanmedian(current) if np.isfinite(current).any() else np.nan
+    out = []
+    for m, c in np.argwhere(current == 0):
+        series = history[:, m, c]
+        was_up = bool(np.nanmax(series, initial=0) >= 1) or peer_up >= 1
+        if not was_up:
+            continue
+        up_secs = np.flatnonzero(series >= 1)
+        first = now - (len(series) - 1 - int(up_secs[-1])) + 1 if up_secs.size else now
+        out.append(
+            Finding(
+                machine=int(m),
+                kind=AlertKind.RULE,
+                family="nic",
+                metric="rdma_port_up",
+                score=1.0,
+                first_sec=first,
+                devices=(devices[c],),
+                evidence={"rule": "port_down", "value": 0.0, "peers_up": float(peer_up)},
+            )
+        )
+    return out
+
+
+def lost_gpu_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
+    """A GPU whose every series stopped while its machine still reports (fell off the bus)."""
+    devices: dict[str, list[int]] = {}
+    for i, (_, device) in enumerate(window.series):
+        if window.series_spec[i].family is DeviceFamily.GPU:
+            devices.setdefault(device, []).append(i)
+    if not devices:
+        return []
+    last_seen = window.last_seen()
+    machine_last = window.machine_last_seen()
+    reporting = machine_last >= now
+    out = []
+    for device, cols in devices.items():
+        device_last = last_seen[:, cols].max(axis=1)
+        gone = reporting & (device_last != NEVER) & (now - device_last >= config.lost_device_s)
+        for m in np.flatnonzero(gone):
+            out.append(
+                Finding(
+                    machine=int(m),
+                    kind=AlertKind.RULE,
+                    family="gpu_fatal",
+                    metric="gpu_lost",
+                    score=1.0,
+                    first_sec=int(device_last[m]) + 1,
+                    devices=(device,),
+                    evidence={
+                        "rule": "gpu_lost",
+                        "last_sample_ts": int(device_last[m]),
+                        "absent_s": int(now - device_last[m]),
+                    },
+                )
+            )
+    return out
+
+
+def level_below_peers_findings(
+    window: JobWindow, now: int, metric: str, config: DetectorConfig
+) -> list[Finding]:
+    """A PCIe link generation or width below the peers' for ``level_persist_s`` seconds."""
+    cols, devices = window.columns_of(metric)
+    if cols.size == 0:
+        return []
+    persist = config.level_persist_s
+    recent = window.window(now, persist, cols)
+    peer_level = np.nanmedian(recent) if np.isfinite(recent).any() else np.nan
+    if not np.isfinite(peer_level):
+        return []
+    present = np.isfinite(recent).sum(axis=0)
+    below = np.where(np.isfinite(recent), recent < peer_level - 0.5, True).all(axis=0)
+    hits = np.argwhere(below & (present >= max(1, persist - 1)) & np.isfinite(recent[-1]))
+    out = []
+    for m, c in hits:
+        value = float(recent[-1, m, c])
+        out.append(
+            Finding(
+                machine=int(m),
+                kind=AlertKind.RULE,
+                family="pcie",
+                metric=metric,
+                score=float(peer_level - value),
+                first_sec=now - persist + 1,
+                devices=(devices[c],),
+                evidence={"rule": "pcie_downgrade", "value": value, "peers": float(peer_level)},
+            )
+        )
+    return out
+
+
+def repeated_error_findings(
+    window: JobWindow, now: int, metric: str, family: str, config: DetectorConfig
+) -> list[Finding]:
+    """Error counts on ``error_seconds`` or more of the last ``window_s`` seconds."""
+    cols, devices = window.columns_of(metric)
+    if cols.size == 0:
+        return []
+    recent = window.window(now, config.window_s, cols)
+    seconds_with_errors = (np.nan_to_num(recent) > 0).sum(axis=0)
+    hits = np.argwhere((seconds_with_errors >= config.error_seconds) & (recent[-1] > 0))
+    out = []
+    for m, c in hits:
+        first = np.flatnonzero(np.nan_to_num(recent[:, m, c]) > 0)[0]
+        out.append(
+            Finding(
+                machine=int(m),
+                kind=AlertKind.RULE,
+                family=family,
+                metric=metric,
+                score=float(np.nansum(recent[:, m, c])),
+                first_sec=now - config.window_s + 1 + int(first),
+                devices=(devices[c],),
+                evidence={
+                    "rule": "repeated_errors",
+                    "errors": float(np.nansum(recent[:, m, c])),
+                    "seconds_with_errors": int(seconds_with_errors[m, c]),
+                    "window_s": config.window_s,
+                },
+            )
+        )
+    return out
+
+
+def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
+    """Machines silent for ``silence_s`` while most of their peers reported just now."""
+    last = window.machine_last_seen()
+    if last.size == 0:
+        return []
+    known = last != NEVER
+    reporting = last >= now - 1
+    if reporting.sum() < 0.5 * known.sum():
+        # Most of the job is quiet: the job stopped, or the stream did; no machine is to blame.
+        return []
+    silent = known & (now - last >= config.silence_s)
+    return [
+        Finding(
+            machine=int(m),
+            kind=AlertKind.SILENCE,
+            family="silence",
+            metric="silence",
+            score=float(now - last[m]),
+            first_sec=int(last[m]) + 1,
+            evidence={
+                "rule": "silence",
+                "last_sample_ts": int(last[m]),
+                "silent_s": int(now - last[m]),
+                "peers_reporting": int(reporting.sum()),
+            },
+        )
+        for m in np.flatnonzero(silent)
+    ]

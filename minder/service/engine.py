@@ -1,0 +1,273 @@
+"""The detection loop: per-job windows fed from batches, one evaluation per second of data.
+
+Time is the data's own: a job's watermark is its newest second minus the grace for late samples,
+and every second up to the watermark is evaluated once, in order. Replaying a topic faster than
+real time therefore gives the same alerts as the live run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from detectors.base import DetectorFactory, JobDetector
+from detectors.window import NEVER, JobWindow
+from minder.core.alert import Alert
+from minder.core.records import NodeBatch
+from minder.service.telemetry import ServiceMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class AlertSink(Protocol):
+    """Somewhere an alert goes (Kafka topic, webhook, console)."""
+
+    name: str
+
+    def deliver(self, alert: Alert) -> None:
+        """Send one alert; raise on failure (the service counts and logs it)."""
+        ...
+
+
+class StateStore(Protocol):
+    """Durable state: alerts (with dedup), jobs, machines, current scores."""
+
+    def record_alert(self, alert: Alert) -> tuple[Alert, bool]:
+        """Store ``alert``; return the stored alert and whether it is a new fault."""
+        ...
+
+    def save_job(self, job: JobSnapshot) -> None:
+        """Replace the stored machines and current scores of one job."""
+        ...
+
+
+@dataclass(slots=True)
+class MachineSnapshot:
+    """A machine's current top score and the metric/device behind it."""
+
+    machine: str
+    group: str
+    domain: str
+    last_seen_ts: float
+    score: float
+    metric: str
+    device: str
+    per_metric: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class JobSnapshot:
+    """What the service knows of one job at one second."""
+
+    job: str
+    ts: float
+    machines: list[MachineSnapshot]
+
+
+@dataclass(slots=True)
+class JobState:
+    """A job's window, its detector and how far it has been evaluated."""
+
+    window: JobWindow
+    detector: JobDetector
+    evaluated_sec: int = NEVER
+    last_batch_wall: float = 0.0
+
+
+class DetectionService:
+    """Feeds batches into per-job windows and runs detection every second of data.
+
+    Parameters
+    ----------
+    factory
+        Builds the detector of a new job.
+    grace_s
+        Seconds a second stays open for late samples before it is evaluated.
+    sinks
+        Where new alerts go, after ``store`` (if any) has decided they are new.
+    store
+        Durable state; when given, only alerts it reports as new reach the sinks.
+    persist_every_s
+        How often (data seconds) job snapshots are written to ``store``.
+    idle_job_s
+        A job silent this long (wall clock) is dropped from memory.
+    """
+
+    def __init__(
+        self,
+        factory: DetectorFactory,
+        *,
+        grace_s: float = 2.0,
+        metrics: ServiceMetrics | None = None,
+        sinks: Iterable[AlertSink] = (),
+        store: StateStore | None = None,
+        persist_every_s: int = 5,
+        idle_job_s: float = 900.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.factory = factory
+        self.grace_s = grace_s
+        self.metrics = metrics or ServiceMetrics()
+        self.sinks = list(sinks)
+        self.store = store
+        self.persist_every_s = persist_every_s
+        self.idle_job_s = idle_job_s
+        self.clock = clock
+        self.jobs: dict[str, JobState] = {}
+        self.alerts: list[Alert] = []
+        """Every new alert this service raised, oldest first (bounded by ``max_kept``)."""
+        self.max_kept = 10_000
+        self._last_persist: dict[str, int] = {}
+
+    # -- ingest -----------------------------------------------------------------------------
+    def ingest(self, batches: Iterable[NodeBatch]) -> int:
+        """Place decoded batches in their job windows; returns how many were placed."""
+        placed = 0
+        now_wall = self.clock()
+        newest_ts = -math.inf
+        for batch in batches:
+            state = self.jobs.get(batch.job)
+            if state is None:
+                detector = self.factory()
+                state = JobState(JobWindow(batch.job, detector.horizon_s), detector)
+                self.jobs[batch.job] = state
+                logger.info("new job %s", batch.job)
+            before = state.window.stats.too_old
+            state.window.add_batch(batch)
+            state.last_batch_wall = now_wall
+            self.metrics.samples_too_old.inc(state.window.stats.too_old - before)
+            self.metrics.samples.inc(len(batch.samples))
+            newest_ts = max(newest_ts, batch.ts)
+            placed += 1
+        self.metrics.batches.inc(placed)
+        if placed:
+            self.metrics.lag.set(max(0.0, now_wall - newest_ts))
+        return placed
+
+    # -- detection --------------------------------------------------------------------------
+    def tick(self) -> list[Alert]:
+        """Evaluate every job up to its watermark; return the new alerts."""
+        new_alerts: list[Alert] = []
+        for job, state in list(self.jobs.items()):
+            if self.clock() - state.last_batch_wall > self.idle_job_s:
+                self._retire(job)
+                continue
+            new_alerts.extend(self._advance(state))
+        self.metrics.jobs.set(len(self.jobs))
+        self.metrics.machines.set(sum(s.window.n_machines for s in self.jobs.values()))
+        return new_alerts
+
+    def _advance(self, state: JobState) -> list[Alert]:
+        window = state.window
+        if window.newest_sec == NEVER:
+            return []
+        watermark = window.newest_sec - math.ceil(self.grace_s)
+        start = state.evaluated_sec + 1
+        if state.evaluated_sec == NEVER or watermark - start >= window.horizon_s:
+            # First evaluation, or a gap longer than the window: nothing older is still held.
+            start = watermark
+        out: list[Alert] = []
+        for sec in range(start, watermark + 1):
+            began = time.process_time()
+            raised = state.detector.evaluate(window, sec)
+            self.metrics.evaluation_seconds.observe(time.process_time() - began)
+            state.evaluated_sec = sec
+            for alert in raised:
+                stored = self._deliver(alert)
+                if stored is not None:
+                    out.append(stored)
+            if sec - self._last_persist.get(window.job, NEVER) >= self.persist_every_s:
+                self._persist(state, sec)
+        return out
+
+    def _deliver(self, alert: Alert) -> Alert | None:
+        if self.store is not None:
+            try:
+                alert, created = self.store.record_alert(alert)
+            except Exception:
+                logger.exception("could not store alert %s (%s)", alert.id, alert.key)
+                self.metrics.alert_deliveries.labels(sink="store", outcome="error").inc()
+                created = True  # better a duplicate downstream than a lost alert
+            else:
+                self.metrics.alert_deliveries.labels(sink="store", outcome="ok").inc()
+            if not created:
+                return None
+        self.metrics.alerts.labels(kind=alert.kind.value).inc()
+        self.alerts.append(alert)
+        del self.alerts[: -self.max_kept]
+        logger.warning(
+            "ALERT %s job=%s machine=%s kind=%s metric=%s devices=%s score=%.2f",
+            alert.id,
+            alert.job,
+            alert.machine,
+            alert.kind.value,
+            alert.metric,
+            ",".join(alert.devices) or "-",
+            alert.score,
+        )
+        for sink in self.sinks:
+            try:
+                sink.deliver(alert)
+            except Exception:
+                logger.exception("alert sink %s failed for alert %s", sink.name, alert.id)
+                self.metrics.alert_deliveries.labels(sink=sink.name, outcome="error").inc()
+            else:
+                self.metrics.alert_deliveries.labels(sink=sink.name, outcome="accepted").inc()
+        return alert
+
+    # -- state ------------------------------------------------------------------------------
+    def snapshot(self, job: str) -> JobSnapshot:
+        """Current machines and scores of ``job`` (KeyError if unknown)."""
+        state = self.jobs[job]
+        window = state.window
+        scores = state.detector.machine_scores()
+        last_seen = window.machine_last_seen()
+        machines = []
+        for m, info in enumerate(window.machines):
+            per_metric: dict[str, tuple[float, str]] = {}
+            for metric, (tops, devs) in scores.items():
+                if m < len(tops):
+                    _cols, devices = window.columns_of(metric)
+                    d = devs[m]
+                    per_metric[metric] = (float(tops[m]), devices[d] if d < len(devices) else "")
+            best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
+            machines.append(
+                MachineSnapshot(
+                    machine=info.name,
+                    group=info.group,
+                    domain=info.domain,
+                    last_seen_ts=float(last_seen[m]) if last_seen[m] != NEVER else 0.0,
+                    score=best[1][0],
+                    metric=best[0],
+                    device=best[1][1],
+                    per_metric=per_metric,
+                )
+            )
+        return JobSnapshot(job=job, ts=float(state.evaluated_sec), machines=machines)
+
+    def _persist(self, state: JobState, sec: int) -> None:
+        self._last_persist[state.window.job] = sec
+        snapshot = self.snapshot(state.window.job)
+        for machine in snapshot.machines:
+            self.metrics.machine_score.labels(job=snapshot.job, machine=machine.machine).set(
+                machine.score
+            )
+        if self.store is None:
+            return
+        try:
+            self.store.save_job(snapshot)
+        except Exception:
+            logger.exception("could not save the state of job %s", snapshot.job)
+
+    def _retire(self, job: str) -> None:
+        state = self.jobs.pop(job)
+        logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
+        for info in state.window.machines:
+            with contextlib.suppress(KeyError):
+                self.metrics.machine_score.remove(job, info.name)
+        self._last_persist.pop(job, None)

@@ -1,0 +1,125 @@
+"""Assembles the running service: storage, detection worker, alert sinks, HTTP API.
+
+Used by ``minder serve`` and ``minder demo``; the only place that turns :class:`Settings` into
+objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from detectors.base import default_factory
+from minder.api.app import create_app
+from minder.config import Settings
+from minder.core.errors import MinderError
+from minder.service.engine import AlertSink, DetectionService
+from minder.service.runner import DetectionWorker
+from minder.service.sinks import KafkaAlertSink, SqlStateStore, WebhookSink
+from minder.service.telemetry import ServiceMetrics
+from minder.storage.engine import create_engine_for, session_factory
+from minder.storage.migrate import upgrade_database
+from minder.stream.consumer import BatchConsumer
+from minder.stream.producer import AlertPublisher
+from minder.stream.topics import ensure_topics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Stack:
+    """Every running part of one Minder service process."""
+
+    settings: Settings
+    metrics: ServiceMetrics
+    service: DetectionService
+    worker: DetectionWorker
+    app: Any
+    publisher: AlertPublisher
+    webhooks: WebhookSink | None = None
+    server: uvicorn.Server | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api.host}:{self.settings.api.port}"
+
+    def start(self, *, api: bool = True, wait_ready_s: float = 30.0) -> None:
+        """Start the worker and (optionally) the HTTP API; wait until the API answers."""
+        self.worker.start()
+        if not api:
+            return
+        config = uvicorn.Config(
+            self.app,
+            host=self.settings.api.host,
+            port=self.settings.api.port,
+            log_level="warning",
+            access_log=False,
+        )
+        self.server = uvicorn.Server(config)
+        thread = threading.Thread(target=self.server.run, name="minder-api", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        deadline = time.monotonic() + wait_ready_s
+        while not self.server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise MinderError(
+                    f"the API did not start on {self.api_url} (port in use?); see the log"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the API, the worker and the sinks, flushing what is pending."""
+        if self.server is not None:
+            self.server.should_exit = True
+        for thread in self._threads:
+            thread.join(10)
+        self.worker.stop()
+        if self.webhooks is not None:
+            self.webhooks.close()
+        self.publisher.close()
+
+
+def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -> Stack:
+    """Connect storage and Kafka per ``settings`` and wire the service together."""
+    metrics = ServiceMetrics(registry)
+    engine = create_engine_for(settings.database.url, echo=settings.database.echo)
+    upgrade_database(engine)
+    sessions = session_factory(engine)
+    kafka = settings.kafka
+    ensure_topics(
+        kafka.bootstrap,
+        {
+            kafka.metrics_topic: kafka.partitions,
+            kafka.alerts_topic: kafka.partitions,
+            kafka.deadletter_topic: 1,
+        },
+    )
+    publisher = AlertPublisher.from_settings(kafka)
+    sinks: list[AlertSink] = [KafkaAlertSink(publisher)]
+    webhooks = None
+    if settings.webhook.urls:
+        webhooks = WebhookSink(
+            settings.webhook.urls, timeout_s=settings.webhook.timeout_s, metrics=metrics
+        )
+        sinks.append(webhooks)
+    service = DetectionService(
+        default_factory(settings.detection.detector_config()),
+        grace_s=settings.detection.grace_s,
+        metrics=metrics,
+        sinks=sinks,
+        store=SqlStateStore(sessions),
+    )
+    worker = DetectionWorker(BatchConsumer.from_settings(kafka), service)
+    app = create_app(
+        sessions,
+        registry=metrics.registry,
+        readiness=lambda: {"kafka_group_joined": worker.ready},
+    )
+    return Stack(settings, metrics, service, worker, app, publisher, webhooks)
