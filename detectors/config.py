@@ -67,7 +67,7 @@ class DetectorConfig:
 
     window_s: int = 8
     threshold: float = 6.0
-    continuity_s: int = 20
+    continuity_s: int = 30
     silence_s: float = 10.0
     min_machines: int = 4
     min_group: int = 4

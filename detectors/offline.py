@@ -63,31 +63,35 @@ def _detect_job(
     secs = np.floor(rows["ts"].to_numpy()).astype(np.int64)
     order = np.argsort(secs, kind="stable")
     secs = secs[order]
-    machines = rows["machine"].astype(str).to_numpy()[order]
-    metrics = rows["metric"].astype(str).to_numpy()[order]
-    devices = rows["device"].astype(str).to_numpy()[order]
     values = rows["value"].to_numpy(dtype=np.float32)[order]
-    groups = rows["group"].astype(str).to_numpy()[order]
-    domains = rows["domain"].astype(str).to_numpy()[order]
 
-    # Map names to window indices once (vectorised through pandas factorisation).
-    machine_codes, machine_names = pd.factorize(machines)
+    # Map names to window indices through the categories, never row by row.
+    machine_codes, machine_names = _codes(rows["machine"], order)
+    group_codes, group_names = _codes(rows["group"], order)
+    domain_codes, domain_names = _codes(rows["domain"], order)
     first_row = np.unique(machine_codes, return_index=True)[1]
-    machine_ids = np.asarray(
+    lookup = np.zeros(len(machine_names), dtype=np.int64)
+    for i in first_row:
+        code = machine_codes[i]
+        lookup[code] = window.machine_id(
+            machine_names[code], group_names[group_codes[i]], domain_names[domain_codes[i]]
+        )
+    row_machine = lookup[machine_codes]
+    metric_codes, metric_names = _codes(rows["metric"], order)
+    device_codes, device_names = _codes(rows["device"], order)
+    pair_codes, first_of_pair = np.unique(
+        metric_codes.astype(np.int64) * len(device_names) + device_codes, return_inverse=True
+    )
+    series_ids = np.asarray(
         [
-            window.machine_id(machine_names[c], groups[i], domains[i])
-            for c, i in zip(machine_codes[first_row], first_row, strict=True)
+            window.series_id(
+                metric_names[p // len(device_names)], device_names[p % len(device_names)]
+            )
+            for p in pair_codes
         ],
         dtype=np.int64,
     )
-    lookup = np.empty(len(machine_names), dtype=np.int64)
-    lookup[machine_codes[first_row]] = machine_ids
-    row_machine = lookup[machine_codes]
-    pair_codes, pairs = pd.factorize(pd.Series(metrics) + "\x00" + pd.Series(devices))
-    series_ids = np.asarray(
-        [window.series_id(*pair.split("\x00", 1)) for pair in pairs], dtype=np.int64
-    )
-    row_series = series_ids[pair_codes]
+    row_series = series_ids[first_of_pair]
 
     alerts: list[Alert] = []
     start, end = int(secs[0]), int(secs[-1])
@@ -107,3 +111,12 @@ def _detect_job(
         "samples": float(len(values)),
     }
     return alerts, covered
+
+
+def _codes(column: pd.Series, order: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Integer codes (in ``order``) and category names of a text column."""
+    categorical = (
+        column if isinstance(column.dtype, pd.CategoricalDtype) else column.astype("category")
+    )
+    codes = categorical.cat.codes.to_numpy()[order]
+    return codes, [str(c) for c in categorical.cat.categories]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,24 @@ _DOMAIN_FAMILIES = frozenset({"silence", "nic"})
 _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreBucket:
+    """Scored metrics that share a device count: ``columns[metric, device]`` series indices."""
+
+    metrics: list[str]
+    columns: np.ndarray
+    floors: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreLayout:
+    """How the window's series are scored; rebuilt when new series appear."""
+
+    n_series: int
+    buckets: list[ScoreBucket]
+    all_cols: np.ndarray
+
+
 class PeerDetector:
     """Streaming detector of one job; keep one instance per job.
 
@@ -53,6 +72,7 @@ class PeerDetector:
         # Domains with an open domain-wide episode -> the machines it covers.
         self._domain_members: dict[str, set[int]] = {}
         self._skipped_logged = False
+        self._layout_cache: ScoreLayout | None = None
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
 
@@ -102,7 +122,7 @@ class PeerDetector:
                     finding.metric,
                     int(detail["col"]),
                     finding.machine,
-                    _peer_groups(window, cfg.min_group),
+                    _peer_comparisons(window, cfg.min_group),
                     float(detail["z"]),
                     float(detail["median"]),
                     float(detail["scale"]),
@@ -158,66 +178,84 @@ class PeerDetector:
         return out
 
     # -- peer scoring -----------------------------------------------------------------------
-    def _score(self, window: JobWindow, now: int) -> list[Finding]:
-        cfg = self.config
-        n = window.n_machines
-        groups = _peer_groups(window, cfg.min_group)
-        findings: list[Finding] = []
-        scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    def _layout(self, window: JobWindow) -> ScoreLayout:
+        """Scored metrics bucketed by device count, so each bucket is one numpy block."""
+        if self._layout_cache is not None and self._layout_cache.n_series == window.n_series:
+            return self._layout_cache
         by_metric: dict[str, list[int]] = {}
         for i, (metric, _) in enumerate(window.series):
             spec = window.series_spec[i]
             if spec.kind is MetricKind.COUNT or metric in NOT_SCORED:
                 continue
             by_metric.setdefault(metric, []).append(i)
-        if not by_metric:
+        by_width: dict[int, list[str]] = {}
+        for metric, cols in by_metric.items():
+            by_width.setdefault(len(cols), []).append(metric)
+        buckets = []
+        for metrics in by_width.values():
+            columns = np.asarray([by_metric[m] for m in metrics], dtype=np.int64)
+            floors = np.asarray(
+                [UNIT_FLOORS.get(window.series_spec[by_metric[m][0]].unit, 1.0) for m in metrics]
+            )
+            buckets.append(ScoreBucket(metrics, columns, floors))
+        all_cols = (
+            np.concatenate([b.columns.ravel() for b in buckets])
+            if buckets
+            else np.zeros(0, dtype=np.int64)
+        )
+        self._layout_cache = ScoreLayout(window.n_series, buckets, all_cols)
+        return self._layout_cache
+
+    def _score(self, window: JobWindow, now: int) -> list[Finding]:
+        cfg = self.config
+        n = window.n_machines
+        layout = self._layout(window)
+        findings: list[Finding] = []
+        scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if not layout.buckets:
             return findings
-        all_cols = np.asarray([c for cols in by_metric.values() for c in cols], dtype=np.int64)
-        values = window.window(now, cfg.window_s, all_cols)
-        present = np.isfinite(values)
-        counts = present.sum(axis=0)
+        comparisons = _peer_comparisons(window, cfg.min_group)
+        values = window.window(now, cfg.window_s, layout.all_cols)
+        counts = np.isfinite(values).sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(counts > 0, np.nansum(values, axis=0) / np.maximum(counts, 1), np.nan)
         offset = 0
-        for metric, cols in by_metric.items():
-            width = len(cols)
-            block = means[:, offset : offset + width]
-            offset += width
-            floor = UNIT_FLOORS.get(window.series_spec[cols[0]].unit, 1.0)
-            z, medians, scales = _robust_z(block, groups, cfg.rel_floor, floor)
-            absz = np.abs(z)
-            has = np.isfinite(absz).any(axis=1)
-            device_idx = np.where(
-                has, np.nanargmax(np.where(np.isfinite(absz), absz, -1), axis=1), 0
-            )
-            top = np.where(has, absz[np.arange(n), device_idx], 0.0)
-            scores[metric] = (top, device_idx)
-            run = self._run_for(metric, n)
-            peak = self._run_peak[metric]
-            above = top > cfg.threshold
-            run[:] = np.where(above, run + 1, 0)
-            peak[:] = np.where(above, np.maximum(peak, top), 0.0)
-            for m in np.flatnonzero(run >= cfg.continuity_s):
-                c = int(device_idx[m])
-                device = window.series[cols[c]][1]
-                findings.append(
-                    Finding(
-                        machine=int(m),
-                        kind=AlertKind.SIMILARITY,
-                        family="similarity",
-                        metric=metric,
-                        score=float(peak[m]),
-                        first_sec=int(now - run[m] + 1 - cfg.window_s // 2),
-                        devices=(device,) if device else (),
-                        # Evidence is built only for findings that fire (see evaluate).
-                        evidence={
-                            "col": cols[c],
-                            "median": medians[m],
-                            "scale": scales[m],
-                            "z": float(top[m]),
-                        },
+        for bucket in layout.buckets:
+            k, width = bucket.columns.shape
+            block = means[:, offset : offset + k * width].reshape(n, k, width)
+            offset += k * width
+            z, medians, scales = _robust_z(block, comparisons, cfg.rel_floor, bucket.floors)
+            absz = np.where(np.isfinite(z), np.abs(z), -1.0)
+            device_idx = absz.argmax(axis=2)
+            top = np.maximum(np.take_along_axis(absz, device_idx[..., None], axis=2)[..., 0], 0)
+            for j, metric in enumerate(bucket.metrics):
+                scores[metric] = (top[:, j], device_idx[:, j])
+                run = self._run_for(metric, n)
+                peak = self._run_peak[metric]
+                above = top[:, j] > cfg.threshold
+                run[:] = np.where(above, run + 1, 0)
+                peak[:] = np.where(above, np.maximum(peak, top[:, j]), 0.0)
+                for m in np.flatnonzero(run >= cfg.continuity_s):
+                    col = int(bucket.columns[j, device_idx[m, j]])
+                    device = window.series[col][1]
+                    findings.append(
+                        Finding(
+                            machine=int(m),
+                            kind=AlertKind.SIMILARITY,
+                            family="similarity",
+                            metric=metric,
+                            score=float(peak[m]),
+                            first_sec=int(now - run[m] + 1 - cfg.window_s // 2),
+                            devices=(device,) if device else (),
+                            # Evidence is built only for findings that fire (see evaluate).
+                            evidence={
+                                "col": col,
+                                "median": float(medians[m, j]),
+                                "scale": float(scales[m, j]),
+                                "z": float(top[m, j]),
+                            },
+                        )
                     )
-                )
         self.last_scores = scores
         return findings
 
@@ -284,58 +322,70 @@ def _merge_devices(findings: list[Finding]) -> list[Finding]:
     return list(merged.values())
 
 
-def _peer_groups(window: JobWindow, min_group: int) -> list[np.ndarray]:
-    """Machine indices of each peer group; small groups fall back to the whole job."""
-    labels = [info.group for info in window.machines]
-    everyone = np.arange(len(labels))
+def _peer_comparisons(window: JobWindow, min_group: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(machines, their peers)`` pairs: each group against itself, small groups against all."""
+    everyone = np.arange(window.n_machines)
     by_label: dict[str, list[int]] = {}
-    for i, label in enumerate(labels):
-        by_label.setdefault(label, []).append(i)
+    for i, info in enumerate(window.machines):
+        by_label.setdefault(info.group, []).append(i)
     if len(by_label) == 1:
-        return [everyone]
-    groups = []
+        return [(everyone, everyone)]
+    pairs = []
+    small: list[int] = []
     for members in by_label.values():
-        groups.append(np.asarray(members) if len(members) >= min_group else everyone)
-    return groups
+        if len(members) >= min_group:
+            group = np.asarray(members)
+            pairs.append((group, group))
+        else:
+            small.extend(members)
+    if small:
+        pairs.append((np.asarray(sorted(small)), everyone))
+    return pairs
 
 
 def _robust_z(
-    block: np.ndarray, groups: list[np.ndarray], rel_floor: float, floor: float
+    block: np.ndarray,
+    comparisons: list[tuple[np.ndarray, np.ndarray]],
+    rel_floor: float,
+    floors: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """z-scores of ``block[machine, device]`` against each machine's peer group.
+    """z-scores of ``block[machine, metric, device]`` against each machine's peers.
 
-    Returns the z-scores and, per machine, the median and scale it was compared with.
+    A metric's peers pool every device of every peer machine. Returns the z-scores and, per
+    machine and metric, the median and the scale it was compared with.
     """
-    n = block.shape[0]
+    n, k, _ = block.shape
     z = np.full(block.shape, np.nan)
-    medians = np.full(n, np.nan)
-    scales = np.full(n, np.nan)
-    seen_whole = False
-    for members in groups:
-        whole = members.size == n
-        if whole and seen_whole:
-            continue  # several small groups share the whole-job comparison
-        seen_whole = seen_whole or whole
-        pooled = block[members].ravel()
-        pooled = pooled[np.isfinite(pooled)]
-        if pooled.size < 3:
+    medians = np.full((n, k), np.nan)
+    scales = np.full((n, k), np.nan)
+    for targets, members in comparisons:
+        pooled = block[members].transpose(1, 0, 2).reshape(k, -1)
+        enough = np.isfinite(pooled).sum(axis=1) >= 3
+        if not enough.any():
             continue
-        median = float(np.median(pooled))
-        mad = float(np.median(np.abs(pooled - median)))
-        scale = max(_MAD_TO_SIGMA * mad, rel_floor * abs(median), floor)
-        targets = members if not whole else np.arange(n)
-        if whole:
-            # Machines of small groups are compared with the whole job; machines of large
-            # groups keep their own group's comparison.
-            in_large = np.zeros(n, dtype=bool)
-            for other in groups:
-                if other.size != n:
-                    in_large[other] = True
-            targets = np.flatnonzero(~in_large)
-        z[targets] = (block[targets] - median) / scale
+        median = row_nanmedian(pooled)
+        mad = row_nanmedian(np.abs(pooled - median[:, None]))
+        scale = np.maximum(np.maximum(_MAD_TO_SIGMA * mad, rel_floor * np.abs(median)), floors)
+        median = np.where(enough, median, np.nan)
+        z[targets] = (block[targets] - median[None, :, None]) / scale[None, :, None]
         medians[targets] = median
         scales[targets] = scale
     return z, medians, scales
+
+
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """Median of each row ignoring NaN (NaN for an all-NaN row).
+
+    ``np.nanmedian`` along an axis goes through masked arrays and costs ~50x more on the small
+    blocks scored every second.
+    """
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    count = np.isfinite(values).sum(axis=1)
+    low = np.clip((count - 1) // 2, 0, None)
+    high = np.clip(count // 2, 0, None)
+    rows = np.arange(values.shape[0])
+    median = (ordered[rows, low] + ordered[rows, np.minimum(high, values.shape[1] - 1)]) / 2
+    return np.where(count > 0, median, np.nan)
 
 
 def _similarity_evidence(
@@ -344,7 +394,7 @@ def _similarity_evidence(
     metric: str,
     col: int,
     machine: int,
-    groups: list[np.ndarray],
+    comparisons: list[tuple[np.ndarray, np.ndarray]],
     z: float,
     median: float,
     scale: float,
@@ -353,7 +403,10 @@ def _similarity_evidence(
     """The machine's window of the deviating series against its peers' median and band."""
     length = max(config.window_s, min(config.continuity_s, 60))
     series = window.window(now, length, np.asarray([col]))[:, :, 0]
-    peers = next((g for g in groups if machine in g), np.arange(window.n_machines))
+    peers = next(
+        (members for targets, members in comparisons if machine in targets),
+        np.arange(window.n_machines),
+    )
     peer_values = series[:, peers]
     with np.errstate(all="ignore"):
         peer_median = np.nanmedian(peer_values, axis=1)

@@ -49,7 +49,7 @@ class DetectionSettings(BaseModel):
 
     window_s: int = Field(8, ge=2, le=600)
     threshold: float = Field(6.0, gt=0)
-    continuity_s: int = Field(20, ge=1)
+    continuity_s: int = Field(30, ge=1)
     silence_s: float = Field(10.0, gt=0)
     grace_s: float = Field(2.0, ge=0, description="how long to wait for late samples of a second")
     min_machines: int = Field(4, ge=2)

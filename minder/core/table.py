@@ -126,14 +126,56 @@ def normalize_table(frame: pd.DataFrame) -> pd.DataFrame:
             "machine": frame["machine"].astype("category"),
             "metric": frame["metric"].astype("category"),
             "value": frame["value"].astype("float64"),
-        }
+        },
+        copy=False,  # copy-on-write shares the columns safely; a copy doubled peak memory
     )
     for column in OPTIONAL_COLUMNS:
         source = frame[column] if column in frame.columns else ""
-        out[column] = (
-            pd.Series(source, index=out.index).astype("string").fillna("").astype("category")
-        )
+        out[column] = _text_category(pd.Series(source, index=out.index))
     return out.reset_index(drop=True)
+
+
+def _text_category(values: pd.Series) -> pd.Series:
+    """``values`` as a category of strings, missing ones as ``""``, categories sorted and used.
+
+    A column that is already categorical has its few categories converted instead of its rows:
+    the row-wise round trip through strings took 46 s on a 37-million-row simulator table.
+    """
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        text = values.cat.categories.astype("string").fillna("")
+        if text.is_unique:
+            names = text.to_numpy(dtype=object)
+            codes = values.cat.codes.to_numpy()
+            if codes.size and codes.min() < 0:
+                if "" not in text:
+                    names = np.append(names, "")
+                empty = int(np.flatnonzero(names == "")[0])
+                codes = np.where(codes < 0, empty, codes.astype(np.int32))
+            used = np.flatnonzero(_code_counts(codes, len(names)))
+            kept = pd.Index(names[used], dtype="string")
+            order = kept.argsort()
+            if len(used) == len(names) and (order == np.arange(len(order))).all():
+                # Already canonical: keep the codes, only retype the categories.
+                return pd.Series(
+                    pd.Categorical.from_codes(codes, categories=kept), index=values.index
+                )
+            new_code = np.full(len(names), -1, dtype=np.int32)
+            new_code[used[order]] = np.arange(len(order))
+            return pd.Series(
+                pd.Categorical.from_codes(
+                    new_code.astype(codes.dtype)[codes], categories=kept[order]
+                ),
+                index=values.index,
+            )
+    return values.astype("string").fillna("").astype("category")
+
+
+def _code_counts(codes: np.ndarray, size: int) -> np.ndarray:
+    """``np.bincount`` in blocks: it widens its input to int64 (280 MB for 35 million codes)."""
+    counts = np.zeros(size, dtype=np.int64)
+    for start in range(0, len(codes), 1 << 20):
+        counts += np.bincount(codes[start : start + (1 << 20)], minlength=size)
+    return counts
 
 
 def write_table(frame: pd.DataFrame, path: str | Path) -> Path:

@@ -200,7 +200,7 @@ class DetectionService:
         self.metrics.alerts.labels(kind=alert.kind.value).inc()
         self.alerts.append(alert)
         del self.alerts[: -self.max_kept]
-        logger.warning(
+        logger.info(
             "ALERT %s job=%s machine=%s kind=%s metric=%s devices=%s score=%.2f",
             alert.id,
             alert.job,

@@ -1,0 +1,99 @@
+"""Alert, job and score storage: SQLAlchemy 2 ORM with Alembic migrations.
+
+The only package of Minder that imports SQLAlchemy and Alembic (DESIGN.md §2). Callers open a
+session from :func:`session_factory` and pass it to the repository functions, which return plain
+records (:class:`~minder.core.alert.Alert` and the dataclasses of :mod:`minder.storage.records`)
+and leave the commit to the caller::
+
+    engine = create_engine_for(settings.database.url)
+    upgrade_database(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as session:
+        stored, inserted = record_alert(session, alert, seen_ts=now)
+"""
+
+from sqlalchemy.orm import Session
+
+from minder.storage.alerts import (
+    ACTIVE_STATUSES,
+    MAX_PAGE,
+    StatusTransitionError,
+    allowed_transitions,
+    count_active_alerts,
+    get_alert,
+    get_alert_record,
+    list_alert_records,
+    list_alerts,
+    open_alerts,
+    record_alert,
+    set_alert_status,
+)
+from minder.storage.engine import SessionFactory, create_engine_for, normalise_url, session_factory
+from minder.storage.health import database_status
+from minder.storage.jobs import (
+    current_scores,
+    get_job,
+    list_jobs,
+    list_machines,
+    save_scores,
+    set_job_status,
+    upsert_job_machines,
+)
+from minder.storage.migrate import (
+    alembic_config,
+    current_revisions,
+    head_revisions,
+    schema_is_current,
+    upgrade_database,
+)
+from minder.storage.records import (
+    AlertRecord,
+    JobInfo,
+    JobStatus,
+    MachineInfo,
+    MachineScore,
+    MachineState,
+    ScoreRow,
+    parse_status,
+)
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "MAX_PAGE",
+    "AlertRecord",
+    "JobInfo",
+    "JobStatus",
+    "MachineInfo",
+    "MachineScore",
+    "MachineState",
+    "ScoreRow",
+    "Session",
+    "SessionFactory",
+    "StatusTransitionError",
+    "alembic_config",
+    "allowed_transitions",
+    "count_active_alerts",
+    "create_engine_for",
+    "current_revisions",
+    "current_scores",
+    "database_status",
+    "get_alert",
+    "get_alert_record",
+    "get_job",
+    "head_revisions",
+    "list_alert_records",
+    "list_alerts",
+    "list_jobs",
+    "list_machines",
+    "normalise_url",
+    "open_alerts",
+    "parse_status",
+    "record_alert",
+    "save_scores",
+    "schema_is_current",
+    "session_factory",
+    "set_alert_status",
+    "set_job_status",
+    "upgrade_database",
+    "upsert_job_machines",
+]

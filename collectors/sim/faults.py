@@ -1,0 +1,301 @@
+"""How each fault and confounder shows up: on the job's rhythm, device states, signals, events.
+
+Signatures follow research/minder.md §3 (what production faults looked like in the paper's
+Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
+
+* a dead training process (XID, ECC, CUDA error) leaves its GPUs idle and its CPU quiet, while
+  the rest of the job spins in NCCL (duty cycle high, tensor activity and power low);
+* a fail-slow device (PCIe downgrade, NVLink errors, bad cable, hot GPU) slows every step of
+  the whole job, and shows on its own machine in the device's counters;
+* silence (an unreachable machine, a rebooting switch) means no batch at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from collectors.sim.contexts import Injection, PlannedEvent, SignalContext, StateContext
+from collectors.sim.physics import (
+    THROTTLE_REASON_THERMAL,
+    Phase,
+    State,
+    pcie_bandwidth_ratio,
+)
+from collectors.sim.scenario import ConfounderType, FaultSpec, FaultType, JobSpec
+from collectors.sim.timeline import JobEffects
+from minder.core.records import EventKind
+
+DEFAULT_XID = 119
+"""XID of a generic ``gpu_xid``: GSP RPC timeout, a common fatal XID on H100 nodes."""
+XID_DBE = 48
+XID_FELL_OFF_BUS = 79
+PCIE_GEN5_X16_BYTES = 64e9
+FLAP_S = 2
+
+_DIES_AFTER_XID = frozenset({FaultType.GPU_XID, FaultType.ECC_ERROR, FaultType.GPU_LOST})
+_STALLS_JOB = frozenset(
+    {
+        FaultType.GPU_XID,
+        FaultType.ECC_ERROR,
+        FaultType.GPU_LOST,
+        FaultType.CUDA_EXECUTION_ERROR,
+        FaultType.GPU_EXECUTION_ERROR,
+        FaultType.MACHINE_UNREACHABLE,
+        FaultType.SWITCH_REBOOT,
+    }
+)
+
+
+def _cells(
+    mask: np.ndarray, machines: Sequence[int], devices: Sequence[int]
+) -> tuple[np.ndarray, ...]:
+    """Open-mesh index of (seconds where ``mask``) x machines x devices."""
+    return np.ix_(np.flatnonzero(mask), _ints(machines), _ints(devices))
+
+
+def _rows(mask: np.ndarray, machines: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Open-mesh index of (seconds where ``mask``) x machines."""
+    return np.ix_(np.flatnonzero(mask), _ints(machines))
+
+
+def _ints(values: Sequence[int]) -> np.ndarray:
+    return np.asarray(values, dtype=np.intp)
+
+
+def _fault(injection: Injection) -> FaultSpec:
+    assert isinstance(injection.spec, FaultSpec)
+    return injection.spec
+
+
+def throttle_clock(severity: float) -> float:
+    """SM clock factor of a thermally throttled GPU."""
+    return max(0.3, 1.0 - 0.35 * severity)
+
+
+def pcie_link(injection: Injection) -> tuple[int, int]:
+    """``(width, gen)`` of a downgraded link (default x8 at gen5; a gen alone keeps x16)."""
+    spec = _fault(injection)
+    default_width = 16 if spec.link_gen is not None else 8
+    width = spec.link_width if spec.link_width is not None else default_width
+    return width, spec.link_gen if spec.link_gen is not None else 5
+
+
+def pcie_ratio(injection: Injection) -> float:
+    """Bandwidth of the downgraded link relative to gen5 x16."""
+    return pcie_bandwidth_ratio(*pcie_link(injection))
+
+
+def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> None:
+    """Record the injection's effect on the whole job's rhythm."""
+    start = injection.target.start_s
+    # An effect that does not clear lasts past the scenario's end, so that the last seconds
+    # do not show the job resuming.
+    end = injection.target.end_s if injection.target.clears else math.inf
+    severity = injection.severity
+    match injection.kind:
+        case kind if kind in _STALLS_JOB:
+            effects.stalls.append((start, end))
+        case FaultType.NIC_DOWN if len(injection.target.nics) == job.nics_per_machine:
+            effects.stalls.append((start, end))
+        case FaultType.NIC_DOWN:
+            effects.comm_factors.append((start, end, 1.0 + 0.8 * severity))
+        case FaultType.PCIE_DOWNGRADE:
+            slow = 1.0 + 1.2 * (1.0 - pcie_ratio(injection)) * severity
+            effects.comm_factors.append((start, end, slow))
+        case FaultType.AOC_ERROR:
+            effects.comm_factors.append((start, end, 1.0 + 0.1 * severity))
+        case FaultType.NVLINK_ERROR:
+            effects.comm_factors.append((start, end, 1.0 + 0.15 * severity))
+        case FaultType.THERMAL_THROTTLE:
+            effects.stretches.append((start, end, 1.0 / throttle_clock(severity)))
+        case FaultType.HDFS_ERROR:
+            effects.data_waits.append((start, end, 2.0 * severity * job.step_time_s))
+        case ConfounderType.EVAL_PHASE:
+            effects.evals.append((start, end))
+        case _:
+            pass
+
+
+def apply_states(injection: Injection, ctx: StateContext) -> None:
+    """Change device states and power/clock modifiers (extended range of a chunk)."""
+    target = injection.target
+    machines = list(target.machines)
+    match injection.kind:
+        case kind if kind in _DIES_AFTER_XID:
+            ctx.dead[_rows(injection.active(ctx.seconds, 1), machines)] = True
+        case FaultType.CUDA_EXECUTION_ERROR:
+            ctx.dead[_rows(injection.active(ctx.seconds), machines)] = True
+        case FaultType.GPU_EXECUTION_ERROR:
+            ctx.state_map[_cells(injection.active(ctx.seconds), machines, target.gpus)] = State.HUNG
+        case FaultType.THERMAL_THROTTLE:
+            cells = _cells(injection.active(ctx.seconds), machines, target.gpus)
+            # The hot GPU computes through the time its peers spend waiting for it.
+            ctx.state_map[..., Phase.WAIT][cells] = State.COMPUTE
+            ctx.clock[cells] = throttle_clock(injection.severity)
+            ctx.hot[cells] = 1.0
+        case FaultType.HDFS_ERROR:
+            gpus = list(range(ctx.state_map.shape[2]))
+            cells = _cells(injection.active(ctx.seconds), machines, gpus)
+            ctx.state_map[..., Phase.WAIT][cells] = State.DATA_WAIT
+        case ConfounderType.BLIP:
+            gpus = list(range(ctx.power_scale.shape[2]))
+            cells = _cells(injection.active(ctx.seconds), machines, gpus)
+            ctx.power_scale[cells] *= 1.0 - 0.25 * min(injection.severity, 2.0)
+        case _:
+            pass
+
+
+def apply_signals(injection: Injection, ctx: SignalContext) -> None:
+    """Change the clean signals of a chunk's output range."""
+    target = injection.target
+    machines = list(target.machines)
+    seconds = ctx.seconds
+    act = injection.active(seconds)
+    on = injection.onset(seconds)
+    severity = injection.severity
+    rng = ctx.rng
+    all_nics = list(range(ctx.n_nics))
+    match injection.kind:
+        case FaultType.GPU_XID:
+            ctx.set("gpu_xid_count", _cells(on, machines, target.gpus), 1.0)
+        case FaultType.ECC_ERROR:
+            ctx.set("gpu_xid_count", _cells(on, machines, target.gpus), 1.0)
+            ctx.set("gpu_ecc_dbe_count", _cells(on, machines, target.gpus), 1.0)
+            ctx.set("gpu_ecc_sbe_count", _cells(on, machines, target.gpus), 2.0)
+        case FaultType.GPU_LOST:
+            ctx.set("gpu_xid_count", _cells(on, machines, target.gpus), 1.0)
+            ctx.gpu_absent[_cells(injection.active(seconds, 1), machines, target.gpus)] = True
+        case FaultType.NIC_DOWN:
+            _port_down(ctx, act, on, machines, list(target.nics))
+        case FaultType.SWITCH_REBOOT:
+            _port_down(ctx, act, on, machines, all_nics)
+            if _fault(injection).silent:
+                ctx.silent[_rows(act, machines)] = True
+        case FaultType.MACHINE_UNREACHABLE:
+            ctx.silent[_rows(act, machines)] = True
+        case FaultType.PCIE_DOWNGRADE:
+            _pcie_downgrade(injection, ctx, act, machines)
+        case FaultType.NVLINK_ERROR:
+            cells = _cells(act, machines, target.gpus)
+            shape = (int(act.sum()), len(machines), len(target.gpus))
+            ctx.set("gpu_nvlink_error_count", cells, rng.poisson(4.0 * severity, shape))
+            for metric in ("gpu_nvlink_tx_bytes_per_second", "gpu_nvlink_rx_bytes_per_second"):
+                ctx.scale(metric, cells, 1.0 - 0.5 * min(severity, 1.0))
+        case FaultType.THERMAL_THROTTLE:
+            ctx.set("gpu_throttle_reasons", _cells(act, machines, target.gpus),
+                    float(THROTTLE_REASON_THERMAL))  # fmt: skip
+        case FaultType.AOC_ERROR:
+            nics = list(target.nics)
+            cells = _cells(act, machines, nics)
+            shape = (int(act.sum()), len(machines), len(nics))
+            ctx.set("rdma_symbol_error_count", cells, rng.poisson(40.0 * severity, shape))
+            ctx.add("pfc_tx_pause_per_second", cells, 800.0 * severity)
+            for flap in injection.flaps:
+                down = (seconds >= np.floor(flap)) & (seconds < np.floor(flap) + FLAP_S)
+                _port_down(ctx, down, seconds == np.floor(flap), machines, nics)
+        case FaultType.HDFS_ERROR:
+            ctx.scale("net_rx_bytes_per_second", _cells(act, machines, [0]), 0.15)
+        case ConfounderType.BLIP:
+            ctx.add("cpu_util_ratio", _cells(act, machines, [0]), 0.35 * severity)
+            ctx.add("pfc_tx_pause_per_second", _cells(act, machines, all_nics), 1500.0 * severity)
+        case _:
+            pass
+
+
+def _port_down(
+    ctx: SignalContext, down: np.ndarray, onset: np.ndarray, machines: list[int], nics: list[int]
+) -> None:
+    cells = _cells(down, machines, nics)
+    ctx.set("rdma_port_up", cells, 0.0)
+    for metric in (
+        "rdma_tx_bytes_per_second",
+        "rdma_rx_bytes_per_second",
+        "rdma_xmit_wait_per_second",
+        "rdma_cnp_sent_per_second",
+        "rdma_cnp_handled_per_second",
+        "pfc_tx_pause_per_second",
+        "pfc_rx_pause_per_second",
+    ):
+        ctx.set(metric, cells, 0.0)
+    ctx.set("rdma_link_downed_count", _cells(onset & down, machines, nics), 1.0)
+
+
+def _pcie_downgrade(
+    injection: Injection, ctx: SignalContext, act: np.ndarray, machines: list[int]
+) -> None:
+    gpus = list(injection.target.gpus)
+    width, gen = pcie_link(injection)
+    ratio = pcie_bandwidth_ratio(width, gen)
+    severity = injection.severity
+    gpu_cells = _cells(act, machines, gpus)
+    ctx.set("gpu_pcie_link_width", gpu_cells, float(width))
+    ctx.set("gpu_pcie_link_gen", gpu_cells, float(gen))
+    shape = (int(act.sum()), len(machines), len(gpus))
+    ctx.set("gpu_pcie_replay_count", gpu_cells, ctx.rng.poisson(2.0 * severity, shape))
+    cap = 0.8 * ratio * PCIE_GEN5_X16_BYTES
+    for metric in ("gpu_pcie_tx_bytes_per_second", "gpu_pcie_rx_bytes_per_second"):
+        array = ctx.values.get(metric)
+        if array is not None:
+            array[gpu_cells] = np.minimum(array[gpu_cells], cap)
+    # The NIC cannot DMA into the slow GPU fast enough: its buffers fill and it pauses the
+    # switch (PFC), hardest on the port that serves that GPU.
+    attached = sorted({int(ctx.nic_of_gpu[g]) for g in gpus})
+    comm = ctx.phases[..., Phase.COMM][_rows(act, machines)]  # (a, m)
+    surge = 3e4 * (1.0 - ratio) * severity * (0.3 + 0.7 * comm)[:, :, None]
+    for nic in range(ctx.n_nics):
+        share = 1.0 if nic in attached else 0.25
+        cells = _cells(act, machines, [nic])
+        ctx.add("pfc_tx_pause_per_second", cells, share * surge)
+        ctx.add("rdma_xmit_wait_per_second", cells, share * surge * 20.0)
+        if nic in attached:
+            ctx.add("rdma_cnp_sent_per_second", cells, 0.1 * surge)
+            for metric in ("rdma_tx_bytes_per_second", "rdma_rx_bytes_per_second"):
+                ctx.scale(metric, cells, 0.6 + 0.4 * ratio)
+
+
+def planned_events(
+    injection: Injection, gpu_names: tuple[str, ...], nic_names: tuple[str, ...]
+) -> list[PlannedEvent]:
+    """The hard-fault events the node agent would report for ``injection``."""
+    target = injection.target
+    start = target.start_s
+    out: list[PlannedEvent] = []
+
+    def emit(
+        kind: EventKind, device: str, at: float, code: int | None = None, text: str = ""
+    ) -> None:
+        for machine in target.machines:
+            out.append(PlannedEvent(at, machine, kind, device, code, text))
+
+    match injection.kind:
+        case FaultType.GPU_XID:
+            code = _fault(injection).xid_code or DEFAULT_XID
+            for g in target.gpus:
+                emit(EventKind.XID, gpu_names[g], start, code)
+        case FaultType.ECC_ERROR:
+            for g in target.gpus:
+                emit(EventKind.ECC, gpu_names[g], start, None, "uncorrectable ECC error")
+                emit(EventKind.XID, gpu_names[g], start, XID_DBE)
+        case FaultType.GPU_LOST:
+            for g in target.gpus:
+                emit(EventKind.XID, gpu_names[g], start, XID_FELL_OFF_BUS)
+                emit(EventKind.GPU_LOST, gpu_names[g], start, None, "GPU has fallen off the bus")
+        case FaultType.NVLINK_ERROR:
+            for g in target.gpus:
+                emit(EventKind.NVLINK_ERROR, gpu_names[g], start, None, "NVLink degraded")
+        case FaultType.NIC_DOWN:
+            for k in target.nics:
+                emit(EventKind.LINK_DOWN, nic_names[k], start)
+        case FaultType.SWITCH_REBOOT:
+            for name in nic_names:
+                emit(EventKind.LINK_DOWN, name, start)
+        case FaultType.AOC_ERROR:
+            for flap in injection.flaps:
+                for k in target.nics:
+                    emit(EventKind.LINK_DOWN, nic_names[k], flap)
+        case _:
+            pass
+    return out

@@ -1,0 +1,95 @@
+"""The kinds of injections a scenario can name."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FaultType(StrEnum):
+    """Injectable faults: the paper's Table 1 types plus a generic XID and two network faults.
+
+    Each one's signature (see ``collectors/sim/faults.py`` and research/minder.md §3):
+
+    ``gpu_xid``
+        XID (default 119, GSP timeout; ``xid_code`` to change) on one GPU, the training process
+        dies a second later (that machine's GPUs idle, CPU drops), the job stalls at its next
+        collective (peers spin in NCCL: utilisation high, tensor activity and power low).
+    ``ecc_error``
+        Double-bit ECC error (DBE count, XID 48) on one GPU, then as ``gpu_xid``.
+    ``gpu_lost``
+        XID 79 on one GPU whose samples then stop while the machine keeps reporting; job stalls.
+    ``nic_down``
+        One RDMA port down: ``rdma_port_up`` 0, one link-down count at onset, no traffic on it;
+        the job's communication slows by ``0.8 * severity``.
+    ``pcie_downgrade``
+        One GPU's PCIe link drops to ``link_width`` (default 8) / ``link_gen``: PFC pause frames
+        surge on the machine's NICs, its RDMA throughput falls, the whole job slows somewhat.
+    ``nvlink_error``
+        NVLink error counts and halved NVLink throughput on one GPU; the job slows slightly.
+    ``thermal_throttle``
+        One GPU (``device: all`` for the whole machine) runs hot (90+ C) at lowered SM clocks
+        with the thermal throttle bits set and lower power; its peers wait for it each step.
+    ``machine_unreachable``
+        The machine sends nothing at all; the job stalls.
+    ``switch_reboot``
+        Every machine of one ``domain`` (leaf switch) loses all RDMA ports for the duration
+        (``silent: true``: the machines go silent instead); the job stalls, then recovers.
+    ``aoc_error``
+        A bad optical cable on one NIC: symbol errors, short link flaps, PFC pauses.
+    ``cuda_execution_error``
+        The training process dies without any XID or ECC count; the job stalls.
+    ``gpu_execution_error``
+        One or more GPUs hang (utilisation and SM activity high, tensor activity 0, power low);
+        the job stalls.
+    ``hdfs_error``
+        The data loader starves: each step waits ``2 * severity`` step times for data, during
+        which this machine's GPUs idle, its CPU and network receive drop; peers spin.
+
+    A fault with a finite ``duration_s`` clears at its end: the device recovers and a stalled
+    job resumes at once (as if restarted from its checkpoint).
+    """
+
+    GPU_XID = "gpu_xid"
+    ECC_ERROR = "ecc_error"
+    GPU_LOST = "gpu_lost"
+    NIC_DOWN = "nic_down"
+    PCIE_DOWNGRADE = "pcie_downgrade"
+    NVLINK_ERROR = "nvlink_error"
+    THERMAL_THROTTLE = "thermal_throttle"
+    MACHINE_UNREACHABLE = "machine_unreachable"
+    SWITCH_REBOOT = "switch_reboot"
+    AOC_ERROR = "aoc_error"
+    CUDA_EXECUTION_ERROR = "cuda_execution_error"
+    GPU_EXECUTION_ERROR = "gpu_execution_error"
+    HDFS_ERROR = "hdfs_error"
+
+
+class ConfounderType(StrEnum):
+    """Benign events that must not be alerted.
+
+    ``blip``
+        One machine deviates for a short while (default 10 s): a CPU spike, a PFC burst and a
+        25 % GPU power dip.
+    ``eval_phase``
+        Every machine of the job changes rhythm together (default 120 s): shorter steps
+        (0.4x), little communication, 20 % lower compute intensity.
+    """
+
+    BLIP = "blip"
+    EVAL_PHASE = "eval_phase"
+
+
+GPU_FAULTS = frozenset(
+    {
+        FaultType.GPU_XID,
+        FaultType.ECC_ERROR,
+        FaultType.GPU_LOST,
+        FaultType.PCIE_DOWNGRADE,
+        FaultType.NVLINK_ERROR,
+        FaultType.THERMAL_THROTTLE,
+        FaultType.GPU_EXECUTION_ERROR,
+    }
+)
+"""Faults that hit one or more GPUs (``device``: ``gpuN``, a list of them, or ``all``)."""
+NIC_FAULTS = frozenset({FaultType.NIC_DOWN, FaultType.AOC_ERROR})
+"""Faults that hit one or more RDMA NICs (``device``: ``mlx5_N``, a list of them, or ``all``)."""

@@ -1,0 +1,438 @@
+"""The scenario file of the cluster simulator: jobs, injected faults and confounders.
+
+A scenario is YAML (or a dict) validated by :class:`Scenario`; every bad value is refused with a
+:class:`~minder.core.errors.ScenarioError` that names the field, the value and what was expected.
+
+Example::
+
+    seed: 7
+    duration_s: 1800            # whole seconds; one sample per machine, metric, device a second
+    start_ts: 1763700000.0      # unix time of the first interval's start (the demo passes now)
+    jobs:
+      - name: llm
+        machines: 128
+        pp_stages: 4            # label group = pp0..pp3; the last stage carries +8 % load
+        machines_per_domain: 16 # label domain = leaf-00..leaf-07
+        step_time_s: 6.0
+        checkpoint_every_s: 600
+    faults:
+      - {type: ecc_error, job: llm, machine: 17, device: gpu3, start_s: 300}
+      - {type: pcie_downgrade, machine: llm-n0042, start_s: 700, duration_s: 600}
+    confounders:
+      - {type: blip, machine: 5, start_s: 120}
+      - {type: eval_phase, start_s: 1000, duration_s: 120}
+
+Machines are addressed by index (``0`` … ``machines-1``) or by name; ``job`` may be left out when
+the scenario has one job; ``machine`` and ``device`` left out are chosen from the seed.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+from typing import Any, Self
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from collectors.sim.kinds import GPU_FAULTS, NIC_FAULTS, ConfounderType, FaultType
+from collectors.sim.targets import resolve_confounder, resolve_fault
+from minder.core.errors import ScenarioError
+from minder.core.metrics import METRICS, metric_spec
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "DEFAULT_START_TS",
+    "GPU_FAULTS",
+    "NIC_FAULTS",
+    "ConfounderSpec",
+    "ConfounderType",
+    "FaultSpec",
+    "FaultType",
+    "JobSpec",
+    "Scenario",
+    "bundled_scenario",
+    "bundled_scenarios",
+    "load_scenario",
+]
+
+DEFAULT_START_TS = 1763700000.0
+"""Fixed default start (2025-11-21 04:40 UTC), so that a scenario file alone fixes the output."""
+
+MAX_DURATION_S = 14 * 24 * 3600
+
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "gpu_util_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_gr_engine_active_ratio",
+    "gpu_power_watts",
+    "gpu_temperature_celsius",
+    "gpu_sm_clock_hertz",
+    "gpu_pcie_link_gen",
+    "gpu_pcie_link_width",
+    "gpu_nvlink_tx_bytes_per_second",
+    "gpu_nvlink_error_count",
+    "gpu_ecc_dbe_count",
+    "gpu_xid_count",
+    "gpu_throttle_reasons",
+    "rdma_tx_bytes_per_second",
+    "rdma_rx_bytes_per_second",
+    "rdma_link_downed_count",
+    "rdma_symbol_error_count",
+    "rdma_port_up",
+    "pfc_tx_pause_per_second",
+    "pfc_rx_pause_per_second",
+    "cpu_util_ratio",
+    "memory_used_bytes",
+    "disk_read_bytes_per_second",
+    "disk_write_bytes_per_second",
+    "net_tx_bytes_per_second",
+    "net_rx_bytes_per_second",
+    "train_step_seconds",
+)
+"""Emitted when a job names no ``metrics``: 14 per GPU, 7 per NIC, 6 host, 1 per rank."""
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+def _choices(enum: type[StrEnum]) -> str:
+    return ", ".join(member.value for member in enum)
+
+
+class JobSpec(BaseModel):
+    """One training job: its machines, layout and rhythm.
+
+    Machines are named ``{machine_prefix}{index}`` with the index zero-padded to at least four
+    digits (``llm-n0000``); PP stages are contiguous blocks of machines (Megatron's order puts PP
+    outermost), failure domains are contiguous blocks of ``machines_per_domain``.
+    """
+
+    model_config = _STRICT
+
+    name: str
+    machines: int = Field(ge=1, le=20_000)
+    machine_prefix: str | None = Field(
+        default=None, description="default: '{name}-n'; names must be unique across jobs"
+    )
+    gpus_per_machine: int = Field(default=8, ge=1, le=16)
+    nics_per_machine: int = Field(default=4, ge=1, le=16)
+    pp_stages: int = Field(default=1, ge=1, description="peer groups pp0…; label 'group'")
+    last_stage_extra_load: float = Field(
+        default=0.08, ge=0.0, le=0.5, description="systematic extra compute of the last stage"
+    )
+    machines_per_domain: int = Field(default=16, ge=1, description="label 'domain' = leaf-NN")
+    step_time_s: float = Field(default=6.0, ge=0.5, le=600.0)
+    comm_fraction: float = Field(default=0.3, ge=0.02, le=0.9)
+    checkpoint_every_s: float | None = Field(default=None, gt=0.0)
+    checkpoint_duration_s: float = Field(default=30.0, gt=0.0)
+    noise: float = Field(default=1.0, ge=0.0, le=10.0, description="0 = noiseless, 1 = realistic")
+    missing_rate: float = Field(default=0.0, ge=0.0, lt=1.0, description="per sample")
+    late_rate: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="per batch: delivered 1-3 s late"
+    )
+    duplicate_rate: float = Field(default=0.0, ge=0.0, lt=1.0, description="per batch: sent twice")
+    metrics: tuple[str, ...] | None = Field(
+        default=None, description="canonical names to emit; default DEFAULT_METRICS"
+    )
+
+    @field_validator("name", "machine_prefix")
+    @classmethod
+    def _check_name(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a usable name: expected letters, digits and '_.:-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _check_metrics(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("metrics is empty: expected at least one canonical metric name")
+        for name in value:
+            metric_spec(name)  # raises naming the close matches
+        if len(set(value)) != len(value):
+            raise ValueError(f"metrics {list(value)} name a metric twice: expected unique names")
+        return value
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Self:
+        if self.pp_stages > self.machines:
+            raise ValueError(
+                f"pp_stages {self.pp_stages} exceeds machines {self.machines}: expected at "
+                "least one machine per stage"
+            )
+        if (
+            self.checkpoint_every_s is not None
+            and self.checkpoint_duration_s >= self.checkpoint_every_s
+        ):
+            raise ValueError(
+                f"checkpoint_duration_s {self.checkpoint_duration_s} is not shorter than "
+                f"checkpoint_every_s {self.checkpoint_every_s}"
+            )
+        return self
+
+    @property
+    def prefix(self) -> str:
+        """The machine-name prefix in effect."""
+        return self.machine_prefix if self.machine_prefix is not None else f"{self.name}-n"
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics this job emits, in the canonical order of DESIGN.md §3.1."""
+        chosen = set(self.metrics if self.metrics is not None else DEFAULT_METRICS)
+        return tuple(name for name in METRICS if name in chosen)
+
+    def machine_names(self) -> list[str]:
+        """Machine names, index order."""
+        width = max(4, len(str(self.machines - 1)))
+        return [f"{self.prefix}{i:0{width}d}" for i in range(self.machines)]
+
+    def gpu_names(self) -> list[str]:
+        """GPU device names of one machine."""
+        return [f"gpu{i}" for i in range(self.gpus_per_machine)]
+
+    def nic_names(self) -> list[str]:
+        """RDMA device names of one machine."""
+        return [f"mlx5_{i}" for i in range(self.nics_per_machine)]
+
+    def rank_names(self) -> list[str]:
+        """Local ranks, one per GPU (``rank3`` runs on ``gpu3``)."""
+        return [f"rank{i}" for i in range(self.gpus_per_machine)]
+
+    def group_of(self, index: int) -> str:
+        """PP stage label of machine ``index``."""
+        return f"pp{index * self.pp_stages // self.machines}"
+
+    def domain_of(self, index: int) -> str:
+        """Failure-domain (leaf switch) label of machine ``index``."""
+        return f"leaf-{index // self.machines_per_domain:02d}"
+
+    def domains(self) -> list[str]:
+        """Every domain label of the job, in order."""
+        count = -(-self.machines // self.machines_per_domain)
+        return [f"leaf-{d:02d}" for d in range(count)]
+
+
+class _Injection(BaseModel):
+    """Fields shared by faults and confounders."""
+
+    model_config = _STRICT
+
+    job: str | None = Field(default=None, description="may be left out with one job")
+    machine: int | str | None = Field(default=None, description="index or name; default: seed")
+    start_s: float = Field(ge=0.0, description="offset from the scenario start")
+    duration_s: float | None = Field(default=None, gt=0.0)
+    severity: float = Field(default=1.0, gt=0.0, le=10.0)
+
+
+class FaultSpec(_Injection):
+    """One injected fault; ``duration_s`` None lasts until the end of the scenario."""
+
+    type: FaultType
+    device: str | tuple[str, ...] | None = Field(
+        default=None, description="gpuN / mlx5_N, a list of them, or 'all'; default: seed"
+    )
+    domain: str | None = Field(default=None, description="switch_reboot: leaf-NN")
+    xid_code: int | None = Field(default=None, ge=1, le=1000, description="gpu_xid only")
+    link_width: int | None = Field(default=None, description="pcie_downgrade: 1, 2, 4 or 8")
+    link_gen: int | None = Field(default=None, ge=1, le=5, description="pcie_downgrade")
+    silent: bool = Field(default=False, description="switch_reboot: machines go silent")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _known_type(cls, value: Any) -> Any:
+        if str(value) not in {t.value for t in FaultType}:
+            raise ValueError(f"unknown fault type {value!r}: expected one of {_choices(FaultType)}")
+        return value
+
+    @field_validator("link_width")
+    @classmethod
+    def _check_width(cls, value: int | None) -> int | None:
+        if value is not None and value not in (1, 2, 4, 8):
+            raise ValueError(f"link_width {value} is not a downgrade of x16: expected 1, 2, 4 or 8")
+        return value
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        if self.xid_code is not None and self.type is not FaultType.GPU_XID:
+            raise ValueError(f"xid_code is for gpu_xid faults, not {self.type.value}")
+        if (self.link_width or self.link_gen) and self.type is not FaultType.PCIE_DOWNGRADE:
+            raise ValueError(f"link_width/link_gen are for pcie_downgrade, not {self.type.value}")
+        if self.type is not FaultType.SWITCH_REBOOT and (self.domain is not None or self.silent):
+            raise ValueError(f"domain/silent are for switch_reboot, not {self.type.value}")
+        if self.domain is not None and self.machine is not None:
+            raise ValueError(
+                f"switch_reboot got both domain {self.domain!r} and machine {self.machine!r}: "
+                "expected one of them (a machine stands for its domain)"
+            )
+        if self.type is FaultType.PCIE_DOWNGRADE and self.link_width is None and self.link_gen == 5:
+            raise ValueError(
+                "pcie_downgrade with link_gen 5 and no link_width downgrades nothing: expected "
+                "link_width 1/2/4/8 or link_gen 1-4"
+            )
+        if self.device is not None and self.type not in GPU_FAULTS and self.type not in NIC_FAULTS:
+            raise ValueError(
+                f"{self.type.value} takes no device (got {self.device!r}): devices are for "
+                f"{', '.join(sorted(t.value for t in GPU_FAULTS | NIC_FAULTS))}"
+            )
+        return self
+
+
+class ConfounderSpec(_Injection):
+    """A benign disturbance (``blip`` on one machine, ``eval_phase`` on the whole job)."""
+
+    type: ConfounderType
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _known_type(cls, value: Any) -> Any:
+        if str(value) not in {t.value for t in ConfounderType}:
+            raise ValueError(
+                f"unknown confounder type {value!r}: expected one of {_choices(ConfounderType)}"
+            )
+        return value
+
+    @property
+    def length_s(self) -> float:
+        """Duration in effect (defaults: blip 10 s, eval_phase 120 s)."""
+        if self.duration_s is not None:
+            return self.duration_s
+        return 10.0 if self.type is ConfounderType.BLIP else 120.0
+
+
+class Scenario(BaseModel):
+    """A whole simulation: seed, time span, jobs, faults, confounders.
+
+    ``Scenario.model_validate(data)`` raises :class:`ScenarioError` (not pydantic's error) with
+    one line per problem, each naming the field path and the value.
+    """
+
+    model_config = _STRICT
+
+    description: str = ""
+    seed: int = Field(default=0, ge=0)
+    start_ts: float = Field(default=DEFAULT_START_TS, ge=0.0)
+    duration_s: int = Field(ge=1, le=MAX_DURATION_S)
+    jobs: tuple[JobSpec, ...] = Field(min_length=1)
+    faults: tuple[FaultSpec, ...] = ()
+    confounders: tuple[ConfounderSpec, ...] = ()
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Self:
+        """Validate ``obj``; raise :class:`ScenarioError` naming every bad field and value."""
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except pydantic.ValidationError as exc:
+            raise ScenarioError(_describe(exc)) from None
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Self:
+        names = [job.name for job in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"job names {names} repeat: expected unique names")
+        machines: set[str] = set()
+        for job in self.jobs:
+            own = set(job.machine_names())
+            if machines & own:
+                raise ValueError(
+                    f"job {job.name!r} reuses machine names of another job (e.g. "
+                    f"{sorted(machines & own)[0]!r}): give it another machine_prefix"
+                )
+            machines |= own
+        for index in range(len(self.faults)):
+            resolve_fault(self, index)
+        for index in range(len(self.confounders)):
+            resolve_confounder(self, index)
+        return self
+
+    def job(self, name: str | None, where: str) -> tuple[int, JobSpec]:
+        """Index and spec of job ``name`` (None: the only job); ``where`` prefixes errors."""
+        if name is None:
+            if len(self.jobs) == 1:
+                return 0, self.jobs[0]
+            raise ValueError(
+                f"{where}: job is required when the scenario has several jobs: expected one "
+                f"of {[j.name for j in self.jobs]}"
+            )
+        for index, job in enumerate(self.jobs):
+            if job.name == name:
+                return index, job
+        raise ValueError(
+            f"{where}: unknown job {name!r}: expected one of {[j.name for j in self.jobs]}"
+        )
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]
+        ).lstrip(".")
+        if error["type"] == "value_error":
+            message = str(error.get("ctx", {}).get("error", error["msg"]))
+        else:
+            message = f"{error['msg']} (got {_short(error.get('input'))})"
+        lines.append(f"{where}: {message}" if where else message)
+    head = "invalid scenario" + (f" ({len(lines)} problems)" if len(lines) > 1 else "")
+    return head + ": " + "; ".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file.
+
+    Raises
+    ------
+    ScenarioError
+        The file is missing, is not YAML, is not a mapping, or holds a bad value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ScenarioError(
+            f"scenario file {str(path)!r} does not exist: expected a YAML file or one of the "
+            f"bundled scenarios {bundled_scenarios()} (see bundled_scenario())"
+        )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"scenario file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            f"scenario file {str(path)!r} holds {type(data).__name__}: expected a mapping with "
+            "seed, duration_s, jobs, faults, confounders"
+        )
+    try:
+        return Scenario.model_validate(data)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def bundled_scenarios() -> list[str]:
+    """Names of the example scenarios shipped with the package."""
+    folder = resources.files("collectors.sim") / "scenarios"
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def bundled_scenario(name: str) -> Path:
+    """Path of a bundled example scenario (``demo``, ``three-faults`` … with or without .yaml)."""
+    stem = name.removesuffix(".yaml")
+    path = Path(str(resources.files("collectors.sim") / "scenarios" / f"{stem}.yaml"))
+    if not path.is_file():
+        raise ScenarioError(f"no bundled scenario {name!r}: expected one of {bundled_scenarios()}")
+    return path

@@ -1,0 +1,149 @@
+"""Resolve where and when each fault or confounder applies, defaults drawn from the seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from collectors.sim.kinds import GPU_FAULTS, NIC_FAULTS, ConfounderType, FaultType
+
+if TYPE_CHECKING:
+    from collectors.sim.scenario import JobSpec, Scenario
+
+_FAULT_STREAM = 17
+_CONFOUNDER_STREAM = 18
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An injection with every default resolved.
+
+    Attributes
+    ----------
+    job
+        Index of the job in the scenario.
+    machines
+        Machine indices hit (several for ``switch_reboot``, none for ``eval_phase``).
+    gpus, nics
+        Device indices hit on those machines (empty when the type takes no device).
+    domain
+        The failure domain of the (first) machine hit; the rebooted one for ``switch_reboot``.
+    start_s, end_s
+        Offsets from the scenario start; ``end_s`` is clipped to the scenario's duration.
+    clears
+        The injection ends before the scenario does (a stalled job then resumes).
+    """
+
+    job: int
+    machines: tuple[int, ...]
+    gpus: tuple[int, ...]
+    nics: tuple[int, ...]
+    domain: str
+    start_s: float
+    end_s: float
+    clears: bool
+
+
+def resolve_fault(scenario: Scenario, index: int) -> Target:
+    """Resolve ``scenario.faults[index]``; raise ValueError naming the bad field and value."""
+    spec = scenario.faults[index]
+    where = f"faults[{index}]"
+    job_index, job = scenario.job(spec.job, where)
+    rng = np.random.default_rng([scenario.seed, _FAULT_STREAM, index])
+    start, end, clears = _span(scenario, spec.start_s, spec.duration_s, where)
+    if spec.type is FaultType.SWITCH_REBOOT:
+        if spec.domain is not None:
+            if spec.domain not in job.domains():
+                raise ValueError(
+                    f"{where}.domain: unknown domain {spec.domain!r} of job {job.name!r}: "
+                    f"expected one of {job.domains()}"
+                )
+            domain = spec.domain
+        else:
+            domain = job.domain_of(_machine(job, spec.machine, rng, where))
+        machines = tuple(i for i in range(job.machines) if job.domain_of(i) == domain)
+        return Target(job_index, machines, (), (), domain, start, end, clears)
+    machine = _machine(job, spec.machine, rng, where)
+    gpus: tuple[int, ...] = ()
+    nics: tuple[int, ...] = ()
+    if spec.type in GPU_FAULTS:
+        gpus = _devices(spec.device, job.gpu_names(), rng, f"{where}.device", "GPU")
+    elif spec.type in NIC_FAULTS:
+        nics = _devices(spec.device, job.nic_names(), rng, f"{where}.device", "NIC")
+    return Target(job_index, (machine,), gpus, nics, job.domain_of(machine), start, end, clears)
+
+
+def resolve_confounder(scenario: Scenario, index: int) -> Target:
+    """Resolve ``scenario.confounders[index]``; raise ValueError naming the bad value."""
+    spec = scenario.confounders[index]
+    where = f"confounders[{index}]"
+    job_index, job = scenario.job(spec.job, where)
+    rng = np.random.default_rng([scenario.seed, _CONFOUNDER_STREAM, index])
+    start, end, clears = _span(scenario, spec.start_s, spec.length_s, where)
+    if spec.type is ConfounderType.EVAL_PHASE:
+        if spec.machine is not None:
+            raise ValueError(
+                f"{where}.machine: eval_phase hits every machine of the job: expected no "
+                f"machine, got {spec.machine!r}"
+            )
+        return Target(job_index, (), (), (), "", start, end, clears)
+    machine = _machine(job, spec.machine, rng, where)
+    return Target(job_index, (machine,), (), (), job.domain_of(machine), start, end, clears)
+
+
+def _span(
+    scenario: Scenario, start_s: float, duration_s: float | None, where: str
+) -> tuple[float, float, bool]:
+    if start_s >= scenario.duration_s:
+        raise ValueError(
+            f"{where}.start_s: {start_s} is not before the scenario's end: expected "
+            f"0 <= start_s < duration_s ({scenario.duration_s})"
+        )
+    end = scenario.duration_s if duration_s is None else start_s + duration_s
+    return float(start_s), float(min(end, scenario.duration_s)), end < scenario.duration_s
+
+
+def _machine(job: JobSpec, machine: int | str | None, rng: np.random.Generator, where: str) -> int:
+    if machine is None:
+        return int(rng.integers(job.machines))
+    if isinstance(machine, int):
+        if not 0 <= machine < job.machines:
+            raise ValueError(
+                f"{where}.machine: index {machine} is out of range: job {job.name!r} has "
+                f"{job.machines} machines (0..{job.machines - 1})"
+            )
+        return machine
+    names = job.machine_names()
+    try:
+        return names.index(machine)
+    except ValueError:
+        raise ValueError(
+            f"{where}.machine: unknown machine {machine!r} in job {job.name!r}: expected an "
+            f"index 0..{job.machines - 1} or a name {names[0]!r}..{names[-1]!r}"
+        ) from None
+
+
+def _devices(
+    device: str | tuple[str, ...] | None,
+    names: list[str],
+    rng: np.random.Generator,
+    where: str,
+    family: str,
+) -> tuple[int, ...]:
+    if device is None:
+        return (int(rng.integers(len(names))),)
+    if device == "all":
+        return tuple(range(len(names)))
+    wanted = (device,) if isinstance(device, str) else device
+    if not wanted:
+        raise ValueError(f"{where}: empty device list: expected at least one {family}")
+    out = []
+    for name in wanted:
+        if name not in names:
+            raise ValueError(
+                f"{where}: unknown {family} {name!r}: expected one of {names} or 'all'"
+            )
+        out.append(names.index(name))
+    return tuple(sorted(set(out)))

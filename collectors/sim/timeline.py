@@ -1,0 +1,316 @@
+"""The rhythm of one job: its sequence of phases (compute, wait, communication, checkpoint).
+
+The whole job shares one timeline (data-parallel training is synchronous). It is built once per
+job, step by step (a few hundred steps an hour), and then read vectorised: the time a machine
+spent in each phase during any one-second interval is a difference of the phase's cumulative
+time, a piecewise-linear function of time (``np.interp``), so a 1 Hz sample is the average over
+its interval, as DCGM reports it, with phases partly overlapping seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collectors.sim.physics import N_PHASES, STEP_JITTER, Phase
+from collectors.sim.scenario import JobSpec
+
+EVAL_STEP_FACTOR = 0.4
+EVAL_COMM_FRACTION = 0.08
+EVAL_INTENSITY = 0.8
+
+
+@dataclass(slots=True)
+class JobEffects:
+    """Job-wide consequences of the faults and confounders, as time intervals (seconds).
+
+    Attributes
+    ----------
+    stalls
+        ``(onset, end)``: from the next collective after ``onset`` the job makes no progress.
+    comm_factors
+        ``(start, end, factor)``: communication phases take ``factor`` times longer.
+    stretches
+        ``(start, end, factor)``: the slowest rank's compute takes ``factor`` times longer;
+        the others wait for it (the extra time is a WAIT phase).
+    data_waits
+        ``(start, end, seconds)``: every step first waits this long for input data.
+    evals
+        ``(start, end)``: evaluation: short steps with little communication.
+    """
+
+    stalls: list[tuple[float, float]] = field(default_factory=list)
+    comm_factors: list[tuple[float, float, float]] = field(default_factory=list)
+    stretches: list[tuple[float, float, float]] = field(default_factory=list)
+    data_waits: list[tuple[float, float, float]] = field(default_factory=list)
+    evals: list[tuple[float, float]] = field(default_factory=list)
+
+    def comm_factor_at(self, t: np.ndarray) -> np.ndarray:
+        """Product of the communication slow-downs active at times ``t``."""
+        out = np.ones(np.shape(t))
+        for start, end, factor in self.comm_factors:
+            out = np.where((t >= start) & (t < end), out * factor, out)
+        return out
+
+    def eval_at(self, t: np.ndarray) -> np.ndarray:
+        """True where an evaluation phase is active."""
+        out = np.zeros(np.shape(t), dtype=bool)
+        for start, end in self.evals:
+            out |= (t >= start) & (t < end)
+        return out
+
+    def conditions_at(self, t: float) -> tuple[float, float, float, bool]:
+        """Communication factor, compute stretch, data wait and evaluation at time ``t``."""
+        comm = 1.0
+        for start, end, factor in self.comm_factors:
+            if start <= t < end:
+                comm *= factor
+        stretch = max((f for s, e, f in self.stretches if s <= t < e), default=1.0)
+        data_wait = sum(w for s, e, w in self.data_waits if s <= t < e)
+        evaluating = any(s <= t < e for s, e in self.evals)
+        return comm, stretch, data_wait, evaluating
+
+    def merged_stalls(self) -> list[tuple[float, float]]:
+        """Stall intervals sorted and merged where they overlap."""
+        out: list[tuple[float, float]] = []
+        for start, end in sorted(self.stalls):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Phases and steps of one job between ``bounds[0]`` and ``bounds[-1]`` (scenario seconds).
+
+    Attributes
+    ----------
+    bounds
+        Segment boundaries, strictly increasing.
+    cum
+        ``cum[i, p]``: seconds spent in phase ``p`` before ``bounds[i]``.
+    it_start, it_end
+        Step start and completion times; ``inf`` for a step cut by a stall (never completed).
+    it_compute, it_wait, it_comm
+        Length of each step's phases.
+    nominal_step_s, nominal_comm_s
+        The undisturbed step and communication times.
+    """
+
+    bounds: np.ndarray
+    cum: np.ndarray
+    it_start: np.ndarray
+    it_end: np.ndarray
+    it_compute: np.ndarray
+    it_wait: np.ndarray
+    it_comm: np.ndarray
+    nominal_step_s: float
+    nominal_comm_s: float
+
+    def phase_fractions(self, edges: np.ndarray) -> np.ndarray:
+        """Fraction of each interval spent in each phase.
+
+        Parameters
+        ----------
+        edges
+            ``(T + 1, N)`` interval edges (each machine's own, skewed clock).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(T, N, N_PHASES)``, summing to 1 over the last axis.
+        """
+        out = np.empty((edges.shape[0] - 1, edges.shape[1], N_PHASES))
+        for phase in range(N_PHASES):
+            cumulative = np.interp(edges, self.bounds, self.cum[:, phase])
+            out[:, :, phase] = np.diff(cumulative, axis=0)
+        return out
+
+    def _current(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        j = np.clip(np.searchsorted(self.it_start, t, side="right") - 1, 0, None)
+        return j, self.it_end[j] <= t
+
+    def step_seconds(self, t: np.ndarray) -> np.ndarray:
+        """What a step probe reports at ``t``: the last step's duration, or the running step's
+        elapsed time once that is longer (so a hung job shows a growing step time)."""
+        j, done = self._current(t)
+        duration = self.it_end - self.it_start
+        last_done = _forward_fill_previous(duration, self.nominal_step_s)
+        running = np.maximum(last_done[j], t - self.it_start[j])
+        return np.where(done, duration[j], running)
+
+    def collective_seconds(self, t: np.ndarray, waits: np.ndarray) -> np.ndarray:
+        """Mean collective time of the last step at ``t``.
+
+        ``waits`` (broadcastable to ``t``) is False for the rank that others wait for (its own
+        collective does not include the wait).
+        """
+        j, done = self._current(t)
+        with_wait = self.it_comm + self.it_wait
+        complete = np.isfinite(self.it_end)
+        last_with = _forward_fill_previous(np.where(complete, with_wait, np.inf), with_wait[0])
+        last_own = _forward_fill_previous(
+            np.where(complete, self.it_comm, np.inf), self.nominal_comm_s
+        )
+        entered = self.it_start + self.it_compute
+        running_with = np.maximum(last_with[j], t - entered[j])
+        running_own = np.maximum(last_own[j], t - entered[j] - self.it_wait[j])
+        finished = np.where(waits, with_wait[j], self.it_comm[j])
+        running = np.where(waits, running_with, running_own)
+        return np.where(done, finished, running)
+
+
+class _Conditions:
+    """``JobEffects.conditions_at``, recomputed only when ``t`` crosses an effect boundary."""
+
+    def __init__(self, effects: JobEffects) -> None:
+        self._effects = effects
+        edges = {s for s, _, _ in effects.comm_factors} | {e for _, e, _ in effects.comm_factors}
+        for start, end, _ in effects.stretches + effects.data_waits:
+            edges |= {start, end}
+        for start, end in effects.evals:
+            edges |= {start, end}
+        self._edges = np.array([*sorted(edges), np.inf])
+        self._span = (np.inf, -np.inf)
+        self._value = effects.conditions_at(0.0)
+
+    def at(self, t: float) -> tuple[float, float, float, bool]:
+        lo, hi = self._span
+        if not lo <= t < hi:
+            i = int(np.searchsorted(self._edges, t, side="right"))
+            self._span = (self._edges[i - 1] if i else -np.inf, self._edges[i])
+            self._value = self._effects.conditions_at(t)
+        return self._value
+
+
+class _Jitter:
+    """Per-step jitter factors of the compute and communication phases, drawn in blocks."""
+
+    def __init__(self, rng: np.random.Generator, scale: float) -> None:
+        self._rng = rng
+        self._scale = scale
+        self._block: list[list[float]] = []
+        self._next = 0
+
+    def next(self) -> list[float]:
+        if self._next == len(self._block):
+            # Python floats: numpy scalars would make the step loop three times slower.
+            self._block = (1.0 + self._scale * self._rng.standard_normal((4096, 2))).tolist()
+            self._next = 0
+        self._next += 1
+        return self._block[self._next - 1]
+
+
+def _forward_fill_previous(values: np.ndarray, initial: float) -> np.ndarray:
+    """``out[j]``: the last finite ``values[i]`` with ``i < j`` (``initial`` when none)."""
+    shifted = np.concatenate(([initial], values[:-1]))
+    finite = np.isfinite(shifted)
+    index = np.where(finite, np.arange(len(shifted)), 0)
+    np.maximum.accumulate(index, out=index)
+    filled = shifted[index]
+    return np.where(np.isfinite(filled), filled, initial)
+
+
+def build_timeline(
+    job: JobSpec,
+    effects: JobEffects,
+    t_begin: float,
+    t_end: float,
+    rng: np.random.Generator,
+    noise: float,
+) -> Timeline:
+    """Lay out the job's steps, checkpoints and stalls from ``t_begin`` to past ``t_end``.
+
+    A stall whose onset falls in a compute phase bites when that step's communication would
+    start (healthy machines finish computing first); one that falls in communication or a
+    checkpoint bites at once. Checkpoints start at the first step boundary after each multiple
+    of ``checkpoint_every_s``.
+    """
+    bounds = [t_begin]
+    phases: list[int] = []
+    starts: list[float] = []
+    ends: list[float] = []
+    computes: list[float] = []
+    waits: list[float] = []
+    comms: list[float] = []
+    stalls = effects.merged_stalls()
+    next_stall = 0
+    every = job.checkpoint_every_s
+    next_checkpoint = every if every is not None else math.inf
+
+    def add(phase: Phase, length: float) -> None:
+        if length > 1e-6:  # keeps bounds strictly increasing
+            phases.append(phase)
+            bounds.append(bounds[-1] + length)
+
+    conditions = _Conditions(effects)
+    jitter = _Jitter(rng, STEP_JITTER * noise)
+    t = t_begin
+    while t < t_end:
+        while next_stall < len(stalls) and stalls[next_stall][1] <= t:
+            next_stall += 1
+        stall = stalls[next_stall] if next_stall < len(stalls) else (math.inf, math.inf)
+        if stall[0] <= t:
+            resume = min(stall[1], t_end)  # a stall that never clears ends the timeline
+            add(Phase.WAIT, resume - t)
+            t = resume
+            next_stall += 1
+            continue
+        if t >= next_checkpoint:
+            length = min(job.checkpoint_duration_s, stall[0] - t)
+            add(Phase.CHECKPOINT, length)
+            t += length
+            while next_checkpoint <= t:
+                next_checkpoint += every if every is not None else math.inf
+            continue
+        comm_factor, stretch, data_wait, evaluating = conditions.at(t)
+        step = job.step_time_s * (EVAL_STEP_FACTOR if evaluating else 1.0)
+        comm_fraction = EVAL_COMM_FRACTION if evaluating else job.comm_fraction
+        draws = jitter.next()
+        compute = step * (1.0 - comm_fraction) * max(draws[0], 0.5)
+        wait = compute * (stretch - 1.0) + data_wait
+        comm = step * comm_fraction * comm_factor * max(draws[1], 0.5)
+        starts.append(t)
+        computes.append(compute)
+        waits.append(wait)
+        comms.append(comm)
+        comm_start = t + compute + wait
+        if stall[0] < comm_start + comm:
+            hang = max(stall[0], comm_start)
+            if hang < stall[1]:
+                add(Phase.COMPUTE, compute)
+                add(Phase.WAIT, wait)
+                add(Phase.COMM, hang - comm_start)
+                resume = min(stall[1], t_end)
+                add(Phase.WAIT, resume - hang)
+                ends.append(math.inf)
+                t = resume
+                next_stall += 1
+                continue
+            next_stall += 1  # over before it could bite
+        add(Phase.COMPUTE, compute)
+        add(Phase.WAIT, wait)
+        add(Phase.COMM, comm)
+        t = comm_start + comm
+        ends.append(t)
+    edges = np.asarray(bounds)
+    lengths = np.diff(edges)
+    phase_of = np.asarray(phases, dtype=np.int64)
+    cum = np.zeros((len(edges), N_PHASES))
+    for phase in range(N_PHASES):
+        cum[1:, phase] = np.cumsum(np.where(phase_of == phase, lengths, 0.0))
+    return Timeline(
+        bounds=edges,
+        cum=cum,
+        it_start=np.asarray(starts),
+        it_end=np.asarray(ends),
+        it_compute=np.asarray(computes),
+        it_wait=np.asarray(waits),
+        it_comm=np.asarray(comms),
+        nominal_step_s=job.step_time_s,
+        nominal_comm_s=job.step_time_s * job.comm_fraction,
+    )

@@ -1,0 +1,66 @@
+"""Dependencies of the routes: the app's context (settings), a DB session, bearer-token auth."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry
+
+from minder.storage import Session, SessionFactory
+
+
+@dataclass(frozen=True, slots=True)
+class ApiContext:
+    """What :func:`~minder.api.app.create_app` was given; the routes' settings."""
+
+    session_factory: SessionFactory
+    registry: CollectorRegistry
+    readiness: Callable[[], Mapping[str, bool]] | None
+    api_token: str | None
+    version: str
+
+
+def get_context(request: Request) -> ApiContext:
+    """The context of the app serving ``request``."""
+    context: ApiContext = request.app.state.minder
+    return context
+
+
+Context = Annotated[ApiContext, Depends(get_context)]
+
+
+def get_session(context: Context) -> Iterator[Session]:
+    """A session for one request; routes that write commit it themselves."""
+    with context.session_factory() as session:
+        yield session
+
+
+DbSession = Annotated[Session, Depends(get_session)]
+
+_bearer = HTTPBearer(auto_error=False, description="the API token, when the server has one")
+
+
+def require_token(
+    context: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Refuse a mutating request without ``Authorization: Bearer <token>`` when a token is set."""
+    if context.api_token is None:
+        return
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "this endpoint needs 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not secrets.compare_digest(credentials.credentials.encode(), context.api_token.encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "the bearer token is not valid",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )

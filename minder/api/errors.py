@@ -1,0 +1,44 @@
+"""Minder's errors as HTTP errors."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from minder.api.schemas import TransitionProblem
+from minder.core.errors import MinderError, NotFoundError, ValidationError
+from minder.storage import StatusTransitionError
+
+logger = logging.getLogger(__name__)
+
+
+def _transition(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StatusTransitionError)
+    body = TransitionProblem(
+        detail=str(exc), current=exc.current, requested=exc.requested, allowed=exc.allowed
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=409)
+
+
+def _not_found(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=404)
+
+
+def _invalid(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+def _internal(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+    return JSONResponse({"detail": str(exc)}, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """404 for a missing entity, 409 for a forbidden transition, 422 for bad input."""
+    # Starlette picks the handler of the most specific class in the exception's MRO
+    app.add_exception_handler(StatusTransitionError, _transition)
+    app.add_exception_handler(NotFoundError, _not_found)
+    app.add_exception_handler(ValidationError, _invalid)
+    app.add_exception_handler(MinderError, _internal)

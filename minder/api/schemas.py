@@ -1,0 +1,182 @@
+"""Response and request bodies of the HTTP API (they make the OpenAPI document)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from minder.core.alert import AlertKind, AlertStatus
+from minder.storage import AlertRecord, JobInfo, JobStatus, MachineScore, MachineState
+
+
+class Health(BaseModel):
+    """Liveness: the process answers."""
+
+    status: str = Field("ok", description="always 'ok'")
+    version: str
+
+
+class Readiness(BaseModel):
+    """Readiness: the database and every check of the service."""
+
+    ready: bool
+    checks: dict[str, bool] = Field(description="each check by name; false ones fail readiness")
+    failing: list[str] = Field(description="names of the failing checks")
+
+
+class Problem(BaseModel):
+    """An error: what was wrong, naming the value received and what is allowed."""
+
+    detail: str
+
+
+class TransitionProblem(Problem):
+    """A status change the alert life cycle forbids."""
+
+    current: AlertStatus
+    requested: AlertStatus
+    allowed: list[AlertStatus] = Field(description="statuses the alert may move to")
+
+
+class JobOut(BaseModel):
+    """A training job."""
+
+    id: str
+    status: JobStatus
+    first_seen_ts: float = Field(description="unix seconds, data time")
+    last_seen_ts: float = Field(description="unix seconds, data time")
+    machine_count: int
+    open_alerts: int = Field(description="open or acknowledged alerts")
+    updated_at: float = Field(description="unix seconds, wall time")
+
+    @classmethod
+    def of(cls, job: JobInfo) -> JobOut:
+        return cls(
+            id=job.id,
+            status=job.status,
+            first_seen_ts=job.first_seen_ts,
+            last_seen_ts=job.last_seen_ts,
+            machine_count=job.machine_count,
+            open_alerts=job.open_alerts,
+            updated_at=job.updated_at,
+        )
+
+
+class MachineOut(BaseModel):
+    """A machine of a job with its current top score (null when it has none)."""
+
+    name: str
+    group: str = Field(description="peer group (PP stage, role); empty when unknown")
+    domain: str = Field(description="shared failure domain (leaf switch, rack)")
+    last_seen_ts: float | None
+    top_score: float | None
+    top_metric: str | None
+    top_device: str | None
+    score_ts: float | None
+
+    @classmethod
+    def of(cls, machine: MachineState) -> MachineOut:
+        return cls(
+            name=machine.name,
+            group=machine.group,
+            domain=machine.domain,
+            last_seen_ts=machine.last_seen_ts,
+            top_score=machine.top_score,
+            top_metric=machine.top_metric,
+            top_device=machine.top_device,
+            score_ts=machine.score_ts,
+        )
+
+
+class MetricScoreOut(BaseModel):
+    """A machine's current score on one metric."""
+
+    metric: str
+    score: float
+    device: str = Field(description="the device that scored highest; empty for host metrics")
+    ts: float
+
+    @classmethod
+    def of(cls, score: MachineScore) -> MetricScoreOut:
+        return cls(metric=score.metric, score=score.score, device=score.device, ts=score.ts)
+
+
+class MachineScoresOut(BaseModel):
+    """A machine's top score and every per-metric score."""
+
+    machine: str
+    group: str
+    domain: str
+    top_score: float
+    top_metric: str
+    top_device: str
+    score_ts: float
+    metrics: list[MetricScoreOut] = Field(description="highest score first")
+
+
+class JobScoresOut(BaseModel):
+    """Current scores of a job, most anomalous machine first."""
+
+    job: str
+    machines: list[MachineScoresOut]
+
+
+class AlertOut(BaseModel):
+    """A stored alert."""
+
+    id: str
+    key: str = Field(description="job/machine/kind/metric: one open alert per key")
+    job: str
+    machine: str
+    devices: list[str]
+    kind: AlertKind
+    metric: str
+    score: float
+    first_ts: float = Field(description="estimated onset, unix seconds")
+    detected_ts: float = Field(description="when the detector fired, data time")
+    last_seen_ts: float = Field(description="latest report of the fault, data time")
+    occurrences: int = Field(description="reports folded into this alert")
+    domain: str
+    status: AlertStatus
+    evidence: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, record: AlertRecord) -> AlertOut:
+        alert = record.alert
+        return cls(
+            id=alert.id,
+            key=alert.key,
+            job=alert.job,
+            machine=alert.machine,
+            devices=list(alert.devices),
+            kind=alert.kind,
+            metric=alert.metric,
+            score=alert.score,
+            first_ts=alert.first_ts,
+            detected_ts=alert.detected_ts,
+            last_seen_ts=record.last_seen_ts,
+            occurrences=record.occurrences,
+            domain=alert.domain,
+            status=alert.status,
+            evidence=alert.evidence,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+class AlertPage(BaseModel):
+    """One page of alerts, newest detected first."""
+
+    items: list[AlertOut]
+    total: int = Field(description="alerts matching the filters, over all pages")
+    limit: int
+    offset: int
+
+
+class AlertStatusChange(BaseModel):
+    """The new status of an alert."""
+
+    status: AlertStatus

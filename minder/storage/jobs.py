@@ -1,0 +1,375 @@
+"""Job, machine and current-score repository.
+
+Every function takes a :class:`~sqlalchemy.orm.Session` opened by the caller and leaves the
+commit to it. Writes are set-based (one statement per table, native upserts), so a job of 10,000
+machines costs a handful of statements, not 10,000.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from sqlalchemy import Table, bindparam, case, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.orm import Session
+
+from minder.core.errors import NotFoundError, ValidationError
+from minder.storage.alerts import count_active_alerts
+from minder.storage.models import JobRow, MachineRow, MachineScoreRow
+from minder.storage.records import (
+    JobInfo,
+    JobStatus,
+    MachineInfo,
+    MachineScore,
+    MachineState,
+    ScoreRow,
+)
+
+# Core tables for the bulk statements: the ORM's bulk mode adds ~30% per row (measured)
+_JOBS = cast(Table, JobRow.__table__)
+_MACHINES = cast(Table, MachineRow.__table__)
+_SCORES = cast(Table, MachineScoreRow.__table__)
+
+NAME_MAX_LEN = 255
+"""Longest job or machine name the tables hold."""
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` if it is a usable job or machine name, else :class:`ValidationError`."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError(f"{what} name {value!r} is empty or not a string")
+    if len(value) > NAME_MAX_LEN:
+        raise ValidationError(
+            f"{what} name {value[:40]!r}… is {len(value)} characters long: at most {NAME_MAX_LEN}"
+        )
+    return value
+
+
+def _upsert_construct(session: Session) -> Any:
+    """The dialect's ``INSERT … ON CONFLICT`` construct (SQLite and PostgreSQL share its API)."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert
+    if dialect == "sqlite":
+        return sqlite.insert
+    raise ValidationError(f"database {dialect!r} is not supported: use SQLite or PostgreSQL")
+
+
+def _bulk_insert(
+    session: Session,
+    table: Table,
+    rows: list[dict[str, Any]],
+    on_conflict: Callable[[Any], Any] | None = None,
+) -> None:
+    """Insert ``rows`` (dicts with the same keys) in one statement, upserting via ``on_conflict``.
+
+    PostgreSQL gets one ``INSERT … SELECT FROM unnest(arrays)``: with psycopg's row-by-row
+    ``executemany`` saving 40,000 scores took twice as long.
+    """
+    if not rows:
+        return
+    upsert = _upsert_construct(session)
+    if upsert is not postgresql.insert:
+        stmt = upsert(table)
+        session.execute(stmt if on_conflict is None else on_conflict(stmt), rows)
+        return
+    columns = list(rows[0])
+    arrays = [
+        bindparam(f"values_{i}", [row[name] for row in rows], type_=ARRAY(table.c[name].type))
+        for i, name in enumerate(columns)
+    ]
+    source = func.unnest(*arrays).table_valued(*columns).render_derived(name="source")
+    stmt = upsert(table).from_select(columns, select(*(source.c[name] for name in columns)))
+    session.execute(stmt if on_conflict is None else on_conflict(stmt))
+
+
+def _later(column: Any, new: Any) -> Any:
+    # portable max(a, b): SQLite has max(), PostgreSQL greatest()
+    return case((column > new, column), else_=new)
+
+
+def _touch_job(session: Session, job: str, ts: float, now: float) -> None:
+    upsert = _upsert_construct(session)
+    stmt = upsert(_JOBS).values(
+        id=job,
+        first_seen_ts=ts,
+        last_seen_ts=ts,
+        machine_count=0,
+        status=JobStatus.ACTIVE.value,
+        updated_at=now,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[_JOBS.c.id],
+        set_={
+            "first_seen_ts": case(
+                (_JOBS.c.first_seen_ts < stmt.excluded.first_seen_ts, _JOBS.c.first_seen_ts),
+                else_=stmt.excluded.first_seen_ts,
+            ),
+            "last_seen_ts": _later(_JOBS.c.last_seen_ts, stmt.excluded.last_seen_ts),
+            "status": JobStatus.ACTIVE.value,
+            "updated_at": now,
+        },
+    )
+    session.execute(stmt)
+
+
+def _recount_machines(session: Session, job: str) -> None:
+    count = select(func.count()).where(_MACHINES.c.job == job).scalar_subquery()
+    session.execute(update(_JOBS).where(_JOBS.c.id == job).values(machine_count=count))
+
+
+def upsert_job_machines(
+    session: Session,
+    job: str,
+    machines: Iterable[MachineInfo | Mapping[str, Any]],
+    ts: float,
+) -> int:
+    """Register ``job`` (seen at ``ts``) and its ``machines``, creating or updating them.
+
+    The job becomes ``active``; its ``first_seen_ts``/``last_seen_ts`` widen to include ``ts``.
+    Each machine gets its ``group`` and ``domain`` as given and ``last_seen_ts`` = the later of the
+    stored one and its own (``ts`` when it has none). Machines not listed are kept. A name listed
+    twice counts once (the last entry wins).
+
+    Returns
+    -------
+    int
+        The job's machine count after the upsert.
+
+    Raises
+    ------
+    ValidationError
+        For an empty or over-long job or machine name, or a malformed machine entry.
+    """
+    check_name(job, "job")
+    by_name: dict[str, MachineInfo] = {}
+    for entry in machines:
+        info = MachineInfo.coerce(entry)
+        by_name[check_name(info.name, "machine")] = info
+    now = time.time()
+    _touch_job(session, job, ts, now)
+    _bulk_insert(
+        session,
+        _MACHINES,
+        [
+            {
+                "job": job,
+                "name": info.name,
+                "group": info.group,
+                "domain": info.domain,
+                "last_seen_ts": ts if info.last_seen_ts is None else info.last_seen_ts,
+            }
+            for info in by_name.values()
+        ],
+        lambda stmt: stmt.on_conflict_do_update(
+            index_elements=[_MACHINES.c.job, _MACHINES.c.name],
+            set_={
+                "group": stmt.excluded["group"],
+                "domain": stmt.excluded["domain"],
+                "last_seen_ts": _later(
+                    func.coalesce(_MACHINES.c.last_seen_ts, stmt.excluded.last_seen_ts),
+                    stmt.excluded.last_seen_ts,
+                ),
+            },
+        ),
+    )
+    _recount_machines(session, job)
+    session.flush()
+    return int(session.scalar(select(JobRow.machine_count).where(JobRow.id == job)) or 0)
+
+
+def save_scores(
+    session: Session,
+    job: str,
+    rows: Iterable[ScoreRow | Mapping[str, Any] | tuple[Any, ...]],
+    ts: float,
+) -> int:
+    """Replace the current scores of ``job`` with ``rows``, computed at data time ``ts``.
+
+    The table keeps one row per (job, machine, metric): a (machine, metric) given twice keeps its
+    highest score (and that row's device). Each machine's ``top_score``/``top_metric``/
+    ``top_device``/``score_ts`` become its highest row; machines without a row lose theirs.
+    Unknown machines are registered (empty group and domain), and so is the job.
+
+    Returns
+    -------
+    int
+        The number of score rows stored.
+
+    Raises
+    ------
+    ValidationError
+        For a malformed row or a non-finite score (nothing is changed then).
+    """
+    check_name(job, "job")
+    best: dict[tuple[str, str], ScoreRow] = {}
+    for entry in rows:
+        row = ScoreRow.coerce(entry)
+        check_name(row.machine, "machine")
+        key = (row.machine, row.metric)
+        if key not in best or row.score > best[key].score:
+            best[key] = row
+    top: dict[str, ScoreRow] = {}
+    for row in best.values():
+        if row.machine not in top or row.score > top[row.machine].score:
+            top[row.machine] = row
+
+    now = time.time()
+    _touch_job(session, job, ts, now)
+    session.execute(delete(_SCORES).where(_SCORES.c.job == job))
+    _bulk_insert(
+        session,
+        _SCORES,
+        [
+            {
+                "job": job,
+                "machine": r.machine,
+                "metric": r.metric,
+                "score": r.score,
+                "device": r.device,
+                "ts": ts,
+            }
+            for r in best.values()
+        ],
+    )
+    session.execute(
+        update(_MACHINES)
+        .where(_MACHINES.c.job == job, _MACHINES.c.top_score.is_not(None))
+        .values(top_score=None, top_metric=None, top_device=None, score_ts=None)
+    )
+    if top:
+        _bulk_insert(
+            session,
+            _MACHINES,
+            [
+                {
+                    "job": job,
+                    "name": r.machine,
+                    "group": "",
+                    "domain": "",
+                    "last_seen_ts": None,
+                    "top_score": r.score,
+                    "top_metric": r.metric,
+                    "top_device": r.device,
+                    "score_ts": ts,
+                }
+                for r in top.values()
+            ],
+            lambda stmt: stmt.on_conflict_do_update(
+                index_elements=[_MACHINES.c.job, _MACHINES.c.name],
+                set_={
+                    "top_score": stmt.excluded.top_score,
+                    "top_metric": stmt.excluded.top_metric,
+                    "top_device": stmt.excluded.top_device,
+                    "score_ts": stmt.excluded.score_ts,
+                },
+            ),
+        )
+        _recount_machines(session, job)
+    session.flush()
+    return len(best)
+
+
+def _job_info(row: JobRow, open_alerts: int) -> JobInfo:
+    return JobInfo(
+        id=row.id,
+        first_seen_ts=row.first_seen_ts,
+        last_seen_ts=row.last_seen_ts,
+        machine_count=row.machine_count,
+        status=JobStatus(row.status),
+        updated_at=row.updated_at,
+        open_alerts=open_alerts,
+    )
+
+
+def _parse_job_status(value: JobStatus | str) -> JobStatus:
+    try:
+        return JobStatus(value)
+    except ValueError:
+        allowed = [s.value for s in JobStatus]
+        raise ValidationError(f"unknown job status {value!r}: allowed {allowed}") from None
+
+
+def list_jobs(session: Session, status: JobStatus | str | None = None) -> list[JobInfo]:
+    """Every job (in ``status``), most recently seen first, with its open-alert count."""
+    query = select(JobRow).execution_options(populate_existing=True)
+    if status is not None:
+        query = query.where(JobRow.status == _parse_job_status(status).value)
+    jobs = list(session.scalars(query.order_by(JobRow.last_seen_ts.desc(), JobRow.id)))
+    counts = count_active_alerts(session, [job.id for job in jobs]) if jobs else {}
+    return [_job_info(job, counts.get(job.id, 0)) for job in jobs]
+
+
+def _job_row(session: Session, job: str) -> JobRow:
+    # populate_existing: the set-based writes above bypass the identity map
+    row = session.get(JobRow, job, populate_existing=True)
+    if row is None:
+        raise NotFoundError(f"no job {job!r}")
+    return row
+
+
+def get_job(session: Session, job: str) -> JobInfo:
+    """The job ``job``; :class:`NotFoundError` naming it if unknown."""
+    row = _job_row(session, job)
+    return _job_info(row, count_active_alerts(session, [job]).get(job, 0))
+
+
+def set_job_status(session: Session, job: str, status: JobStatus | str) -> JobInfo:
+    """Mark ``job`` active or finished (the next upsert or scores make it active again)."""
+    parsed = _parse_job_status(status)
+    row = _job_row(session, job)
+    if row.status != parsed.value:
+        row.status = parsed.value
+        row.updated_at = time.time()
+        session.flush()
+    return get_job(session, job)
+
+
+def list_machines(session: Session, job: str) -> list[MachineState]:
+    """The machines of ``job`` by name; :class:`NotFoundError` if the job is unknown."""
+    _job_row(session, job)
+    query = (
+        select(MachineRow)
+        .where(MachineRow.job == job)
+        .order_by(MachineRow.name)
+        .execution_options(populate_existing=True)
+    )
+    return [
+        MachineState(
+            job=row.job,
+            name=row.name,
+            group=row.group,
+            domain=row.domain,
+            last_seen_ts=row.last_seen_ts,
+            top_score=row.top_score,
+            top_metric=row.top_metric,
+            top_device=row.top_device,
+            score_ts=row.score_ts,
+        )
+        for row in session.scalars(query)
+    ]
+
+
+def current_scores(session: Session, job: str) -> list[MachineScore]:
+    """The current scores of ``job`` by machine and metric; :class:`NotFoundError` if unknown."""
+    _job_row(session, job)
+    query = (
+        select(MachineScoreRow)
+        .where(MachineScoreRow.job == job)
+        .order_by(MachineScoreRow.machine, MachineScoreRow.metric)
+        .execution_options(populate_existing=True)
+    )
+    return [
+        MachineScore(
+            job=row.job,
+            machine=row.machine,
+            metric=row.metric,
+            score=row.score,
+            device=row.device,
+            ts=row.ts,
+        )
+        for row in session.scalars(query)
+    ]

@@ -1,0 +1,108 @@
+"""ORM models. Internal to :mod:`minder.storage`: the repository functions return dataclasses.
+
+Timestamps are unix seconds (``DOUBLE PRECISION``), like everywhere else in Minder: the ``*_ts``
+columns are data time (what the machines reported), ``created_at``/``updated_at`` are wall time.
+Changing a model needs a new migration in ``migrations/versions`` (a test compares them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Double, ForeignKey, Index, Integer, MetaData, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# JSONB on PostgreSQL (indexable, compact), JSON text elsewhere.
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+# Deterministic constraint names, so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every Minder table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class JobRow(Base):
+    """A training job Minder has seen."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    first_seen_ts: Mapped[float] = mapped_column(Double)
+    last_seen_ts: Mapped[float] = mapped_column(Double, index=True)
+    machine_count: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(32), default="active")
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class MachineRow(Base):
+    """A machine of a job, with its current top score (maintained by ``save_scores``)."""
+
+    __tablename__ = "machines"
+
+    job: Mapped[str] = mapped_column(
+        String(255), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    group: Mapped[str] = mapped_column(String(255), default="")
+    domain: Mapped[str] = mapped_column(String(255), default="")
+    last_seen_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    top_score: Mapped[float | None] = mapped_column(Double, nullable=True)
+    top_metric: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    top_device: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    score_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class MachineScoreRow(Base):
+    """The current score of one machine on one metric; replaced as a whole per job."""
+
+    __tablename__ = "machine_scores"
+
+    job: Mapped[str] = mapped_column(String(255), primary_key=True)
+    machine: Mapped[str] = mapped_column(String(255), primary_key=True)
+    metric: Mapped[str] = mapped_column(String(128), primary_key=True)
+    score: Mapped[float] = mapped_column(Double)
+    device: Mapped[str] = mapped_column(String(64), default="")
+    ts: Mapped[float] = mapped_column(Double)
+
+
+class AlertRow(Base):
+    """One alert, deduplicated by id and by open key (see ``minder.storage.alerts``)."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        # open-key lookup of the dedup, and the job/status filters of the API
+        Index("ix_alerts_key_status", "key", "status"),
+        Index("ix_alerts_job_detected_ts", "job", "detected_ts"),
+        Index("ix_alerts_machine_detected_ts", "machine", "detected_ts"),
+        Index("ix_alerts_status_detected_ts", "status", "detected_ts"),
+        Index("ix_alerts_kind_detected_ts", "kind", "detected_ts"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(1024))
+    job: Mapped[str] = mapped_column(String(255))
+    machine: Mapped[str] = mapped_column(String(255))
+    devices: Mapped[list[str]] = mapped_column(JsonType)
+    kind: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(128))
+    score: Mapped[float] = mapped_column(Double)
+    first_ts: Mapped[float] = mapped_column(Double)
+    detected_ts: Mapped[float] = mapped_column(Double, index=True)
+    last_seen_ts: Mapped[float] = mapped_column(Double)
+    occurrences: Mapped[int] = mapped_column(Integer, default=1)
+    domain: Mapped[str] = mapped_column(String(255), default="")
+    status: Mapped[str] = mapped_column(String(32))
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)

@@ -1,0 +1,183 @@
+"""Plain records the storage functions take and return (ORM rows never leave the package)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from minder.core.alert import Alert, AlertStatus
+from minder.core.errors import ValidationError
+
+
+class JobStatus(StrEnum):
+    """Whether a job still reports."""
+
+    ACTIVE = "active"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRecord:
+    """A stored alert with its bookkeeping.
+
+    Attributes
+    ----------
+    alert
+        The alert as the detectors describe it (``status`` is the stored one).
+    last_seen_ts
+        Data time of the latest report of the fault.
+    occurrences
+        How many times the fault was reported (1 at insert).
+    created_at, updated_at
+        Wall time of the insert and of the latest change, unix seconds.
+    """
+
+    alert: Alert
+    last_seen_ts: float
+    occurrences: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A job as stored, with the number of its open (or acknowledged) alerts."""
+
+    id: str
+    first_seen_ts: float
+    last_seen_ts: float
+    machine_count: int
+    status: JobStatus
+    updated_at: float
+    open_alerts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    """What the service knows of a machine when it registers it: ``upsert_job_machines`` input."""
+
+    name: str
+    group: str = ""
+    domain: str = ""
+    last_seen_ts: float | None = None
+
+    @classmethod
+    def coerce(cls, value: MachineInfo | Mapping[str, Any]) -> MachineInfo:
+        """Accept a :class:`MachineInfo` or a mapping with the same keys."""
+        if isinstance(value, MachineInfo):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValidationError(
+                f"machine must be a MachineInfo or a mapping, got {type(value).__name__}"
+            )
+        unknown = set(value) - {"name", "group", "domain", "last_seen_ts"}
+        if unknown:
+            raise ValidationError(
+                f"machine has unknown fields {sorted(unknown)}: allowed name, group, domain, "
+                "last_seen_ts"
+            )
+        if not value.get("name"):
+            raise ValidationError(f"machine needs a non-empty 'name', got {value!r}")
+        last_seen = value.get("last_seen_ts")
+        try:
+            last_seen_ts = None if last_seen is None else float(last_seen)
+        except (TypeError, ValueError):
+            raise ValidationError(
+                f"machine {value['name']!r} has last_seen_ts {last_seen!r}: expected unix seconds"
+            ) from None
+        return cls(
+            name=str(value["name"]),
+            group=str(value.get("group") or ""),
+            domain=str(value.get("domain") or ""),
+            last_seen_ts=last_seen_ts,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MachineState:
+    """A stored machine with its current top score (``None`` when it has no current score)."""
+
+    job: str
+    name: str
+    group: str
+    domain: str
+    last_seen_ts: float | None
+    top_score: float | None
+    top_metric: str | None
+    top_device: str | None
+    score_ts: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRow:
+    """One current score, ``save_scores`` input: how anomalous ``machine`` is on ``metric``.
+
+    ``device`` names the device that scored highest (``""`` for machine-level metrics).
+    """
+
+    machine: str
+    metric: str
+    score: float
+    device: str = ""
+
+    @classmethod
+    def coerce(cls, value: ScoreRow | Mapping[str, Any] | tuple[Any, ...]) -> ScoreRow:
+        """Accept a :class:`ScoreRow`, a mapping, or ``(machine, metric, score[, device])``."""
+        try:
+            if isinstance(value, ScoreRow):
+                row = value
+            elif isinstance(value, Mapping):
+                row = cls(
+                    machine=str(value["machine"]),
+                    metric=str(value["metric"]),
+                    score=float(value["score"]),
+                    device=str(value.get("device") or ""),
+                )
+            elif isinstance(value, tuple) and len(value) in (3, 4):
+                device = str(value[3] or "") if len(value) == 4 else ""
+                row = cls(str(value[0]), str(value[1]), float(value[2]), device)
+            else:
+                raise ValidationError(
+                    f"score row {value!r} is neither a ScoreRow, a mapping nor a "
+                    "(machine, metric, score[, device]) tuple"
+                )
+        except KeyError as exc:
+            raise ValidationError(
+                f"score row {value!r} is missing {exc.args[0]!r}: expected machine, metric, "
+                "score[, device]"
+            ) from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ValidationError):
+                raise
+            raise ValidationError(f"score row {value!r} has a score that is not a number") from None
+        if not row.machine or not row.metric:
+            raise ValidationError(f"score row {row!r} needs a non-empty machine and metric")
+        if not math.isfinite(row.score):
+            raise ValidationError(
+                f"score of {row.machine}/{row.metric} is {row.score}: expected a finite number"
+            )
+        return row
+
+
+@dataclass(frozen=True, slots=True)
+class MachineScore:
+    """A stored current score."""
+
+    job: str
+    machine: str
+    metric: str
+    score: float
+    device: str
+    ts: float
+
+
+def parse_status(value: AlertStatus | str) -> AlertStatus:
+    """``value`` as an :class:`AlertStatus`, refusing unknown names with the allowed ones."""
+    try:
+        return AlertStatus(value)
+    except ValueError:
+        allowed = [s.value for s in AlertStatus]
+        raise ValidationError(f"unknown alert status {value!r}: allowed {allowed}") from None
