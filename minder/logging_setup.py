@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 
+from rich.console import Console
 from rich.logging import RichHandler
 
 
 def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:
     """Configure the root logger once; libraries only call ``logging.getLogger(__name__)``."""
     handler: logging.Handler = (
-        RichHandler(show_path=False, rich_tracebacks=True) if rich else logging.StreamHandler()
+        # stderr, so that a command's output (tables, --format json) stays clean on stdout.
+        RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)
+        if rich
+        else logging.StreamHandler()
     )
     logging.basicConfig(
         level=level.upper(),

@@ -86,7 +86,7 @@ def decode_batch(payload: bytes) -> NodeBatch:
         raise DecodeError("empty message: expected a JSON or msgpack batch envelope")
     first = payload[0]
     try:
-        if first in (0x7B, 0x20, 0x0A, 0x0D, 0x09):  # '{' or leading whitespace: JSON
+        if first in (0x7B, 0x5B, 0x20, 0x0A, 0x0D, 0x09):  # '{', '[' or whitespace: JSON
             data = orjson.loads(payload)
         else:
             data = msgpack.unpackb(payload, raw=False, strict_map_key=True)

@@ -65,3 +65,19 @@ class BrokerError(MinderError):
 
 class NotFoundError(MinderError, LookupError):
     """A requested entity (job, alert, report) does not exist."""
+
+
+class TraceError(ValidationError):
+    """A job trace (what-if analysis input) is malformed or cannot be analysed.
+
+    Parameters
+    ----------
+    message
+        What is wrong and what was expected.
+    where
+        Where the problem is (a file, a column, a step/rank/op), when one is to blame.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        super().__init__(f"{where}: {message}" if where else message)
+        self.where = where

@@ -1,0 +1,200 @@
+"""``minder whatif``: what-if straggler analysis of job traces (registered by ``minder/cli.py``)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from minder.core.errors import MinderError
+from whatif import Trace, analyze, build_model, load_trace, write_canonical
+from whatif.render import render_html, render_table
+from whatif.timeline import KINDS, timeline_events, write_timeline
+
+whatif_app = typer.Typer(
+    name="whatif",
+    help="What-if straggler analysis of job traces (canonical Parquet or Kineto JSON).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+_err = Console(stderr=True)
+_TIMELINE_DEFAULT_LIMIT = 1_000_000
+"""Without --step, a larger job exports only its first two steps."""
+
+
+class OutputFormat(StrEnum):
+    """Report formats of ``minder whatif analyze``."""
+
+    table = "table"
+    json = "json"
+    html = "html"
+
+
+TraceArg = Annotated[
+    list[Path],
+    typer.Argument(
+        help="A canonical trace (.parquet, meta YAML beside it), or the Kineto JSON(.gz) traces "
+        "of the job's ranks (files, a directory or a glob).",
+        show_default=False,
+    ),
+]
+MetaOpt = Annotated[
+    Path | None,
+    typer.Option("--meta", help="Job meta YAML (dp_size, pp_size, tp_size, dsp_size, …)."),
+]
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress bar on stderr, fed by the analysis' ``progress`` callback."""
+    if not enabled:
+        yield None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} replays"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("replaying", total=None)
+
+        def update(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total)
+
+        yield update
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    return typer.Exit(code=2)
+
+
+def _load(trace: list[Path], meta: Path | None) -> Trace:
+    sources = [str(p) for p in trace]
+    return load_trace(sources[0] if len(sources) == 1 else sources, meta)
+
+
+@whatif_app.command("analyze")
+def analyze_command(
+    trace: TraceArg,
+    meta: MetaOpt = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", "-f", help="Report format.")
+    ] = OutputFormat.table,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the report here (default: stdout).")
+    ] = None,
+    what_if: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--what-if",
+            "-w",
+            help="A custom what-if, e.g. 'stage=3,dp=1:faster=20%' or 'pp-comm:free' (repeatable).",
+        ),
+    ] = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show a progress bar on stderr.")
+    ] = True,
+) -> None:
+    """Replay the trace, estimate the slowdown S, attribute it and give a root-cause verdict."""
+    try:
+        loaded = _load(trace, meta)
+        with _progress(progress and sys.stderr.isatty()) as update:
+            report = analyze(loaded, what_ifs=what_if or (), progress=update)
+    except (MinderError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+    if output_format is OutputFormat.json:
+        text = orjson.dumps(
+            report.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+        ).decode()
+    elif output_format is OutputFormat.html:
+        text = render_html(report)
+    else:
+        if output is None:
+            Console().print(render_table(report))
+            return
+        console = Console(record=True, width=120, file=io.StringIO())
+        console.print(render_table(report))
+        text = console.export_text()
+    if output is None:
+        sys.stdout.write(text + "\n")
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        _err.print(f"wrote {output}")
+
+
+@whatif_app.command("timeline")
+def timeline_command(
+    trace: TraceArg,
+    meta: MetaOpt = None,
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output prefix: writes PREFIX-actual.json(.gz), PREFIX-ideal.json(.gz), ….",
+        ),
+    ] = Path("timeline.json.gz"),
+    kinds: Annotated[
+        list[str] | None,
+        typer.Option("--kind", "-k", help=f"Replays to export, of {list(KINDS)} (repeatable)."),
+    ] = None,
+    steps: Annotated[
+        list[int] | None, typer.Option("--step", help="Step ids to export (default: all).")
+    ] = None,
+    dp_ranks: Annotated[
+        list[int] | None, typer.Option("--dp", help="DP ranks to export (default: all).")
+    ] = None,
+) -> None:
+    """Export replayed timelines (actual and ideal by default) as Perfetto/Chrome trace JSON."""
+    chosen = kinds or ["actual", "ideal"]
+    try:
+        model = build_model(_load(trace, meta))
+        if steps is None and model.n_ops_total > _TIMELINE_DEFAULT_LIMIT:
+            steps = [int(s) for s in model.steps[:2]]
+            _err.print(
+                f"{model.n_ops_total:,} ops is more than a viewer can open: exporting steps "
+                f"{steps} (choose with --step)"
+            )
+        name = output.name
+        suffix = ".json.gz" if name.endswith(".json.gz") else ".json"
+        stem = name.removesuffix(".gz").removesuffix(".json")
+        for kind in chosen:
+            data = timeline_events(model, kind, steps=steps, dp_ranks=dp_ranks)
+            path = write_timeline(data, output.with_name(f"{stem}-{kind}{suffix}"))
+            _err.print(f"wrote {path} ({len(data['traceEvents']):,} events)")
+    except (MinderError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+
+
+@whatif_app.command("convert")
+def convert_command(
+    trace: TraceArg,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Canonical Parquet to write (meta YAML beside).")
+    ],
+    meta: MetaOpt = None,
+) -> None:
+    """Convert Kineto traces of a job's ranks into the canonical Parquet + meta YAML."""
+    try:
+        loaded = _load(trace, meta)
+        parquet, meta_path = write_canonical(loaded, output)
+    except (MinderError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+    for note in loaded.notes:
+        _err.print(f"note: {escape(note)}", highlight=False)
+    _err.print(f"wrote {parquet} and {meta_path}")

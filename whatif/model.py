@@ -1,0 +1,742 @@
+"""The per-step dependency model of one model-parallel group, and the trace laid out on it.
+
+One step of one model-parallel group (all PP stages of one DP rank) is turned into a template
+graph of ops; every (step, DP rank) of the job must have the same ops, so the whole trace becomes
+dense ``(op, step, dp)`` arrays and a replay costs Python work per template op only
+(``../shared/research/whatif.md`` §2).
+
+Rules (Megatron-LM 1F1B / interleaved schedules, ZeRO-style DP):
+
+* compute: all forward/backward compute ops of a stage form one chain in observed start order;
+* p2p: each of the four p2p streams is a chain; a recv depends on the compute before the compute
+  that consumes it, and that compute depends on the recv; a send depends on the compute that
+  produced it; the k-th send from stage s is paired with the k-th recv on its neighbour stage;
+* DP: parameter all-gathers and gradient reduce-scatters are chained in observed order; the first
+  forward compute of each model chunk depends on that chunk's all-gather;
+* after the last compute: ``gc → layernorm-AR → [embedding-AR] → (grads-RS… | separate-AR) → clip
+  → optimizer``;
+* comm groups (a comm op ends ``transfer`` after the last member starts): p2p pairs; DP
+  collectives over every DP rank of the stage; embedding all-reduce between the first and last
+  stage; the grad-norm all-reduce (``optimizer-clip-main-grad``) over every worker.
+
+Recorded durations of comm ops include waiting for peers; only ``transfer = end − max(start over
+the group)`` is kept. ``launch_delay = start − max(end of deps)`` captures untraced CPU work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from minder.core.errors import TraceError
+from whatif import optypes
+from whatif.trace import Trace
+
+logger = logging.getLogger(__name__)
+
+_DENSE_LIMIT = 16_000_000
+"""Largest (step × DP rank) × op-key table counted densely; larger ones hash the keys first."""
+
+CLOCK_TOLERANCE_S = 0.01
+"""Negative transfers and launch delays at or below −10 ms are clock error and set to 0."""
+
+NOOP_DURATION_S = 1e-6
+"""A surplus p2p op this short is a no-op call of the schedule (dropped, with a count)."""
+
+_FloatArray = np.ndarray
+
+
+@dataclass(frozen=True)
+class Template:
+    """The dependency graph of one step of one model-parallel group.
+
+    Attributes
+    ----------
+    stage, optype, seq_id, mc
+        Per template op.
+    is_comm
+        Per op: a comm op (ends ``transfer`` after its group's last start).
+    deps
+        Per op: indices of the ops it waits for.
+    group
+        Per comm op: its group index (−1 for other ops).
+    group_members
+        Per group: its member op indices.
+    group_dp_synced
+        Per group: whether it also spans every DP rank.
+    """
+
+    stage: np.ndarray
+    optype: np.ndarray
+    seq_id: np.ndarray
+    mc: np.ndarray
+    is_comm: np.ndarray
+    deps: tuple[tuple[int, ...], ...]
+    group: np.ndarray
+    group_members: tuple[tuple[int, ...], ...]
+    group_dp_synced: np.ndarray
+
+    @property
+    def n_ops(self) -> int:
+        """Number of ops in one step of one model-parallel group."""
+        return len(self.stage)
+
+    def op_name(self, op: int) -> str:
+        """``<optype>_<seq_id>_<stage>``, as the artifact names ops."""
+        return f"{self.optype[op]}_{self.seq_id[op]}_{self.stage[op]}"
+
+    def ops_of(self, optypes_: Sequence[str]) -> np.ndarray:
+        """Indices of template ops whose type is in ``optypes_``."""
+        return np.flatnonzero(np.isin(self.optype, list(optypes_)))
+
+
+@dataclass
+class JobModel:
+    """A trace laid out on its template: dense ``(op, step, dp)`` arrays.
+
+    Attributes
+    ----------
+    template
+        The dependency graph of one step of one model-parallel group.
+    steps
+        Step ids (the trace's ``step`` values) along axis 1.
+    dp_size
+        Length of axis 2.
+    start, duration
+        Recorded start (relative to the step's first start) and duration, seconds.
+    transfer
+        Comm ops: ``end − max(start over the group)``; other ops: their duration.
+    launch_delay
+        ``start − max(end of deps)`` (from the step's first start for ops without deps).
+    ideal
+        Per template op: its ideal duration (mean of its type for compute, median transfer of its
+        type for comm).
+    worker_rank
+        ``(pp, dp)``: the global rank of each worker, −1 where the trace does not say.
+    notes
+        What was dropped or clamped while building the model, with counts.
+    """
+
+    template: Template
+    steps: np.ndarray
+    dp_size: int
+    start: _FloatArray
+    duration: _FloatArray
+    transfer: _FloatArray
+    launch_delay: _FloatArray
+    ideal: _FloatArray
+    worker_rank: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64))
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_steps(self) -> int:
+        """Number of steps modelled."""
+        return len(self.steps)
+
+    @property
+    def n_ops_total(self) -> int:
+        """Number of ops in the whole job (all steps, all DP ranks)."""
+        return self.template.n_ops * self.n_steps * self.dp_size
+
+    @property
+    def pp_size(self) -> int:
+        """Number of pipeline stages."""
+        return int(self.template.stage.max()) + 1
+
+    @property
+    def end(self) -> _FloatArray:
+        """Recorded end of every op."""
+        return self.start + self.duration
+
+
+# --------------------------------------------------------------------------------------------
+# building
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _TemplateOps:
+    """The ops of one step of one model-parallel group, before their dependencies."""
+
+    stage: np.ndarray
+    optype: np.ndarray
+    seq_id: np.ndarray
+    mc: np.ndarray
+
+    def name(self, op: int) -> str:
+        return f"{self.optype[op]}_{self.seq_id[op]}_{self.stage[op]}"
+
+    def select(self, ops: np.ndarray) -> _TemplateOps:
+        return _TemplateOps(self.stage[ops], self.optype[ops], self.seq_id[ops], self.mc[ops])
+
+
+def build_model(trace: Trace) -> JobModel:
+    """Lay ``trace`` out on the dependency model of one model-parallel group.
+
+    Steps that cannot be modelled (a DP rank or op missing, an op duplicated, an op not in the
+    template, a different compute order) are dropped and counted in ``notes``.
+
+    Parameters
+    ----------
+    trace
+        A validated trace.
+
+    Raises
+    ------
+    TraceError
+        No step can be modelled, more than half of the steps cannot, send and recv ops do not
+        pair up, or the dependencies have a cycle; the message says which.
+    """
+    ops = trace.ops
+    notes: list[str] = []
+    if len(ops) == 0:
+        raise TraceError("the trace has no ops", where=trace.source or "trace")
+    dp = trace.meta.dp_size
+    stage_col = ops["stage"].to_numpy(dtype=np.int64)
+    type_col = ops["optype"].cat.codes.to_numpy().astype(np.int64)
+    seq_col = ops["seq_id"].to_numpy(dtype=np.int64)
+    dp_col = ops["dp_rank"].to_numpy(dtype=np.int64)
+    step_col = ops["step"].to_numpy(dtype=np.int64)
+    start_col = ops["start_ts"].to_numpy(dtype=np.float64)
+    duration_col = ops["duration"].to_numpy(dtype=np.float64)
+    # An op is (stage, type, seq); packed into one integer for fast grouping.
+    n_types = len(optypes.ALL)
+    seq_min = int(seq_col.min())
+    seq_span = int(seq_col.max()) - seq_min + 1
+    packed = (stage_col * n_types + type_col) * seq_span + (seq_col - seq_min)
+    key_space = int(packed.max()) + 1
+    steps_all = np.sort(pd.unique(step_col))
+    n_units = len(steps_all) * dp
+    if n_units * key_space <= _DENSE_LIMIT:
+        # Dense keys: no hashing, counts by bincount.
+        key_uniques = np.arange(key_space)
+        key_codes = packed
+    else:
+        key_uniques, key_codes = np.unique(packed, return_inverse=True)
+    n_keys = len(key_uniques)
+    step_idx = np.searchsorted(steps_all, step_col)
+    unit = step_idx * dp + dp_col
+    unit_key = unit * n_keys + key_codes
+    counts = np.bincount(unit_key, minlength=n_units * n_keys).reshape(n_units, n_keys)
+
+    # Exact duplicates (same op, start and duration) are dropped; other duplicates spoil a step.
+    keep_row = np.ones(len(ops), dtype=bool)
+    if (counts > 1).any():
+        rows = np.flatnonzero(counts.ravel()[unit_key] > 1)
+        order = rows[np.lexsort((duration_col[rows], start_col[rows], unit_key[rows]))]
+        same = (
+            (unit_key[order][1:] == unit_key[order][:-1])
+            & (start_col[order][1:] == start_col[order][:-1])
+            & (duration_col[order][1:] == duration_col[order][:-1])
+        )
+        if same.any():
+            dropped = order[1:][same]
+            keep_row[dropped] = False
+            np.subtract.at(counts.ravel(), unit_key[dropped], 1)
+            notes.append(f"dropped {int(same.sum())} exact duplicate row(s)")
+
+    # The template is the set of ops most (step, DP rank) units have.
+    present = counts > 0
+    units_present = int(present.any(axis=1).sum())
+    template_keys = present.sum(axis=0) * 2 > units_present
+    bad_unit = np.zeros(n_units, dtype=bool)
+    reasons: dict[str, int] = {}
+    _flag(
+        bad_unit,
+        np.flatnonzero((counts > 1).any(axis=1)),
+        reasons,
+        "an op appears twice with different times",
+    )
+    _flag(
+        bad_unit,
+        np.flatnonzero(present[:, ~template_keys].any(axis=1)),
+        reasons,
+        "an op that other steps do not have",
+    )
+    n_template = int(template_keys.sum())
+    _flag(
+        bad_unit,
+        np.flatnonzero(present[:, template_keys].sum(axis=1) < n_template),
+        reasons,
+        "ops or a DP rank missing",
+    )
+
+    # Template ops sorted by stage, then type, then seq (the packed order) for readable indices.
+    template_keys_idx = np.flatnonzero(template_keys)
+    tkeys = key_uniques[template_keys_idx]
+    tops = _TemplateOps(
+        stage=tkeys // (n_types * seq_span),
+        optype=np.array(optypes.ALL, dtype=object)[(tkeys // seq_span) % n_types],
+        seq_id=tkeys % seq_span + seq_min,
+        mc=np.full(len(tkeys), -1, dtype=np.int64),
+    )
+    op_of_key = np.full(n_keys, -1, dtype=np.int64)
+    op_of_key[template_keys_idx] = np.arange(len(template_keys_idx))
+    row_op = op_of_key[key_codes]
+
+    n_ops = len(tops.stage)
+    start = np.full((n_ops, len(steps_all), dp), np.nan)
+    duration = np.full((n_ops, len(steps_all), dp), np.nan)
+    keep_row &= row_op >= 0
+    r_op, r_step, r_dp = row_op[keep_row], step_idx[keep_row], dp_col[keep_row]
+    start[r_op, r_step, r_dp] = start_col[keep_row]
+    duration[r_op, r_step, r_dp] = duration_col[keep_row]
+    tops.mc[r_op] = ops["mc"].to_numpy()[keep_row]
+
+    # A step is modelled only if all its DP ranks are (DP collectives couple them).
+    bad_step = bad_unit.reshape(len(steps_all), dp).any(axis=1)
+    good_units = ~bad_unit.reshape(len(steps_all), dp)
+    if not (~bad_step).any():
+        raise TraceError(
+            "no step can be modelled: " + _reason_text(reasons), where=trace.source or "trace"
+        )
+    ref_step = int(np.flatnonzero(~bad_step)[0])
+
+    # Compute order must match the reference unit.
+    compute_ops = np.flatnonzero(np.isin(tops.optype, list(optypes.COMPUTE)))
+    order_ok = _same_compute_order(tops.stage, compute_ops, start, ref_step)
+    order_bad_units = ~order_ok & good_units
+    if order_bad_units.any():
+        units_bad = np.flatnonzero(order_bad_units.ravel())
+        _flag(bad_unit, units_bad, reasons, "a different compute order")
+        bad_step = bad_unit.reshape(len(steps_all), dp).any(axis=1)
+    n_bad = int(bad_step.sum())
+    if n_bad * 2 > len(steps_all):
+        raise TraceError(
+            f"{n_bad} of {len(steps_all)} steps cannot be modelled: {_reason_text(reasons)}",
+            where=trace.source or "trace",
+        )
+    if n_bad:
+        bad_ids = steps_all[bad_step]
+        notes.append(
+            f"dropped {n_bad} of {len(steps_all)} steps (steps {_list(bad_ids)}): "
+            f"{_reason_text(reasons)}"
+        )
+    keep = ~bad_step
+    steps = steps_all[keep]
+    start = start[:, keep, :]
+    duration = duration[:, keep, :]
+    # Times are relative to each step's first start.
+    step_first = np.nanmin(start, axis=(0, 2))
+    start = start - step_first[None, :, None]
+
+    template, dropped_ops = _build_template(tops, start, duration, trace.meta.pp_size)
+    if dropped_ops is not None:
+        keep_ops = np.setdiff1d(np.arange(n_ops), dropped_ops)
+        notes.append(
+            f"dropped {len(dropped_ops)} no-op p2p op(s) per step and DP rank "
+            f"({', '.join(sorted({tops.name(o) for o in dropped_ops})[:_MAX_NAMES])}): "
+            "outside the pipeline's send/recv pattern, zero duration"
+        )
+        start = start[keep_ops]
+        duration = duration[keep_ops]
+        template, _ = _build_template(tops.select(keep_ops), start, duration, trace.meta.pp_size)
+    transfer, n_clamped_tr = _transfer(template, start, duration)
+    launch_delay, n_clamped_ld = _launch_delay(template, start, duration)
+    if n_clamped_tr:
+        notes.append(
+            f"{n_clamped_tr} comm op(s) ended over {CLOCK_TOLERANCE_S * 1e3:.0f} ms before their "
+            "last peer started (clock skew): transfer set to 0"
+        )
+    if n_clamped_ld:
+        notes.append(
+            f"{n_clamped_ld} op(s) started over {CLOCK_TOLERANCE_S * 1e3:.0f} ms before their "
+            "dependencies ended (clock skew or a dependency the model lacks): launch delay set to 0"
+        )
+    model = JobModel(
+        template=template,
+        steps=steps,
+        dp_size=dp,
+        start=start,
+        duration=duration,
+        transfer=transfer,
+        launch_delay=launch_delay,
+        ideal=np.zeros(template.n_ops),
+        worker_rank=_worker_rank(stage_col, dp_col, ops["rank"].to_numpy(), trace.meta.pp_size, dp),
+        notes=notes,
+    )
+    model.ideal = ideal_durations(model)
+    return model
+
+
+_MAX_NAMES = 6
+
+
+def _worker_rank(
+    stage: np.ndarray, dp_rank: np.ndarray, rank: np.ndarray, pp: int, dp: int
+) -> np.ndarray:
+    ranks = np.full((pp, dp), -1, dtype=np.int64)
+    known = rank >= 0
+    ranks[stage[known], dp_rank[known]] = rank[known]
+    return ranks
+
+
+def _list(values: np.ndarray) -> str:
+    shown = ", ".join(str(v) for v in values[:_MAX_NAMES])
+    return shown + (f", … ({len(values)} in all)" if len(values) > _MAX_NAMES else "")
+
+
+def _flag(bad: np.ndarray, units: np.ndarray, reasons: dict[str, int], reason: str) -> None:
+    units = units[~bad[units]]
+    if len(units):
+        bad[units] = True
+        reasons[reason] = reasons.get(reason, 0) + len(units)
+
+
+def _reason_text(reasons: dict[str, int]) -> str:
+    if not reasons:
+        return "no reason recorded"
+    return "; ".join(f"{reason} ({n} step×DP-rank unit(s))" for reason, n in reasons.items())
+
+
+def _same_compute_order(
+    stages: np.ndarray, compute_ops: np.ndarray, start: np.ndarray, ref_step: int
+) -> np.ndarray:
+    """Per (step, dp): whether every stage runs its compute ops in the reference order."""
+    n_steps, dp = start.shape[1], start.shape[2]
+    ok = np.ones((n_steps, dp), dtype=bool)
+    for stage in np.unique(stages[compute_ops]):
+        ops = compute_ops[stages[compute_ops] == stage]
+        times = start[ops]  # (k, steps, dp)
+        filled = np.where(np.isnan(times), np.inf, times)
+        rank = np.argsort(np.argsort(filled, axis=0, kind="stable"), axis=0, kind="stable")
+        ref = rank[:, ref_step, 0]
+        ok &= (rank == ref[:, None, None]).all(axis=0)
+    return ok
+
+
+def _build_template(
+    tops: _TemplateOps,
+    start: np.ndarray,
+    duration: np.ndarray,
+    pp_size: int,
+) -> tuple[Template, np.ndarray | None]:
+    """Build the dependency graph; return the op indices to drop as no-ops if there are any."""
+    stage, optype, seq_id, mc = tops.stage, tops.optype, tops.seq_id, tops.mc
+    n = len(stage)
+    ref_start = start[:, 0, 0]
+    is_compute_op = np.isin(optype, list(optypes.COMPUTE))
+    last_chunk = max(int(mc[is_compute_op].max()) if is_compute_op.any() else 0, 0)
+    deps: list[set[int]] = [set() for _ in range(n)]
+    by_stage_type: dict[tuple[int, str], np.ndarray] = {}
+    for s in np.unique(stage):
+        for t in np.unique(optype[stage == s]):
+            idx = np.flatnonzero((stage == s) & (optype == t))
+            by_stage_type[(int(s), str(t))] = idx[np.argsort(seq_id[idx], kind="stable")]
+
+    def of(s: int, t: str) -> np.ndarray:
+        return by_stage_type.get((s, t), np.empty(0, dtype=np.int64))
+
+    def chain(idx: Sequence[int] | np.ndarray) -> None:
+        for a, b in itertools.pairwise(idx):
+            deps[int(b)].add(int(a))
+
+    n_stages = max(pp_size, int(stage.max()) + 1)
+    noops: list[int] = []
+    # p2p matching: per stage, the computes that need each p2p type, in compute-chain order.
+    p2p_valid: dict[tuple[int, str], np.ndarray] = {}
+    compute_chain: dict[int, np.ndarray] = {}
+    for s in range(n_stages):
+        comp = np.concatenate([of(s, optypes.FORWARD_COMPUTE), of(s, optypes.BACKWARD_COMPUTE)])
+        comp = comp[np.argsort(ref_start[comp], kind="stable")]
+        compute_chain[s] = comp
+        chain(comp)
+        fwd = comp[optype[comp] == optypes.FORWARD_COMPUTE]
+        bwd = comp[optype[comp] == optypes.BACKWARD_COMPUTE]
+        needs = {
+            optypes.FORWARD_RECV: fwd[~_model_first(s, mc[fwd], pp_size)],
+            optypes.FORWARD_SEND: fwd[~_model_last(s, mc[fwd], pp_size, last_chunk)],
+            optypes.BACKWARD_RECV: bwd[~_model_last(s, mc[bwd], pp_size, last_chunk)],
+            optypes.BACKWARD_SEND: bwd[~_model_first(s, mc[bwd], pp_size)],
+        }
+        for ptype, consumers in needs.items():
+            p2p = of(s, ptype)
+            if len(p2p) > len(consumers):
+                surplus = _surplus_noops(p2p, len(consumers), duration)
+                if surplus is None:
+                    raise TraceError(
+                        f"stage {s} has {len(p2p)} {ptype} op(s) per step but "
+                        f"{len(consumers)} compute op(s) that need one, and the surplus is not a "
+                        "run of zero-duration no-ops",
+                        where=f"stage {s}, {ptype}",
+                    )
+                noops.extend(int(o) for o in surplus)
+                p2p = np.setdiff1d(p2p, surplus)
+                p2p = p2p[np.argsort(seq_id[p2p], kind="stable")]
+            elif len(p2p) < len(consumers):
+                raise TraceError(
+                    f"unmatched send/recv pairs: stage {s} has {len(p2p)} {ptype} op(s) per step "
+                    f"but {len(consumers)} compute op(s) that need one",
+                    where=f"stage {s}, {ptype}",
+                )
+            p2p_valid[(s, ptype)] = p2p
+            chain(p2p)
+            is_recv = ptype in (optypes.FORWARD_RECV, optypes.BACKWARD_RECV)
+            same_dir = fwd if ptype == optypes.FORWARD_RECV else bwd
+            for op, comp_op in zip(p2p, consumers, strict=True):
+                if not is_recv:
+                    deps[int(op)].add(int(comp_op))
+                    continue
+                deps[int(comp_op)].add(int(op))
+                # A recv is posted once the previous compute of its direction is done.
+                pos = int(np.flatnonzero(same_dir == comp_op)[0])
+                if pos > 0:
+                    deps[int(op)].add(int(same_dir[pos - 1]))
+                elif ptype == optypes.BACKWARD_RECV:
+                    # The first backward recv is posted during warm-up, two computes before the
+                    # first backward (Megatron's 1F1B issues it with an earlier forward send).
+                    first_bwd = int(np.flatnonzero(comp == comp_op)[0])
+                    if first_bwd >= 2:
+                        deps[int(op)].add(int(comp[first_bwd - 2]))
+    if noops:
+        return _empty_template(), np.array(sorted(set(noops)), dtype=np.int64)
+
+    # DP stream and the post-backward chain.
+    for s in range(n_stages):
+        comp = compute_chain[s]
+        pag = of(s, optypes.PARAMS_ALL_GATHER)
+        rs = of(s, optypes.GRADS_REDUCE_SCATTER)
+        sep = of(s, optypes.SEPARATE_GRADS_ALL_REDUCE)
+        dp_stream = np.concatenate([pag, rs])
+        dp_stream = dp_stream[np.argsort(ref_start[dp_stream], kind="stable")]
+        chain(dp_stream)
+        fwd = comp[optype[comp] == optypes.FORWARD_COMPUTE]
+        for chunk in np.unique(mc[fwd]) if len(fwd) else []:
+            first_fwd = fwd[mc[fwd] == chunk][0]
+            gathers = pag[mc[pag] == chunk] if (mc[pag] >= 0).any() else pag[:1]
+            for g in gathers:
+                deps[int(first_fwd)].add(int(g))
+        tail: list[list[int]] = []
+        gc = of(s, optypes.GC)
+        overlapped = len(sep) > 0
+        if overlapped:
+            bwd = comp[optype[comp] == optypes.BACKWARD_COMPUTE]
+            for r in rs:
+                same_chunk = bwd[mc[bwd] == mc[r]] if (mc[rs] >= 0).any() else bwd
+                if len(same_chunk):
+                    deps[int(r)].add(int(same_chunk[-1]))
+        head = [int(comp[-1])] if len(comp) else []
+        if len(gc):
+            tail.append([int(g) for g in gc])
+        tail.extend([[int(o)] for o in of(s, optypes.LAYERNORM_GRADS_ALL_REDUCE)])
+        tail.extend([[int(o)] for o in of(s, optypes.EMBEDDING_GRADS_ALL_REDUCE)])
+        if overlapped:
+            tail.extend([[int(o)] for o in sep])
+        else:
+            tail.extend([[int(o)] for o in rs])
+        tail.extend([[int(o)] for o in of(s, optypes.OPTIMIZER_CLIP_MAIN_GRAD)])
+        tail.extend([[int(o)] for o in of(s, optypes.OPTIMIZER)])
+        previous = head
+        for link in tail:
+            for op in link:
+                deps[op].update(previous)
+                if overlapped and len(rs) and optype[op] == optypes.LAYERNORM_GRADS_ALL_REDUCE:
+                    deps[op].add(int(rs[-1]))
+            previous = link
+        # gc runs once per stage; chained gc ops keep their order.
+        chain(gc)
+
+    group = np.full(n, -1, dtype=np.int64)
+    members: list[tuple[int, ...]] = []
+    synced: list[bool] = []
+
+    def add_group(idx: Sequence[int] | np.ndarray, dp_synced: bool) -> None:
+        group[list(idx)] = len(members)
+        members.append(tuple(int(i) for i in idx))
+        synced.append(dp_synced)
+
+    for s in range(n_stages):
+        for send_type, recv_type, step_ in (
+            (optypes.FORWARD_SEND, optypes.FORWARD_RECV, 1),
+            (optypes.BACKWARD_SEND, optypes.BACKWARD_RECV, -1),
+        ):
+            sends = p2p_valid.get((s, send_type), np.empty(0, dtype=np.int64))
+            if not len(sends):
+                continue
+            peer = (s + step_) % n_stages
+            recvs = p2p_valid.get((peer, recv_type), np.empty(0, dtype=np.int64))
+            if len(recvs) != len(sends):
+                raise TraceError(
+                    f"unmatched send/recv pairs: stage {s} has {len(sends)} {send_type} op(s) per "
+                    f"step, stage {peer} has {len(recvs)} {recv_type} op(s)",
+                    where=f"stages {s}→{peer}",
+                )
+            for a, b in zip(sends, recvs, strict=True):
+                add_group((a, b), dp_synced=False)
+    for t in optypes.DP_COMM:
+        for s in range(n_stages):
+            for op in of(s, t):
+                add_group((op,), dp_synced=True)
+    for t, dp_synced in (
+        (optypes.EMBEDDING_GRADS_ALL_REDUCE, False),
+        (optypes.OPTIMIZER_CLIP_MAIN_GRAD, True),
+    ):
+        idx = np.flatnonzero(optype == t)
+        for seq in np.unique(seq_id[idx]):
+            add_group(idx[seq_id[idx] == seq], dp_synced=dp_synced)
+    for op in np.flatnonzero(optype == optypes.LAYERNORM_GRADS_ALL_REDUCE):
+        add_group([int(op)], dp_synced=False)
+    is_comm = np.isin(optype, list(optypes.COMM))
+    ungrouped = np.flatnonzero(is_comm & (group < 0))
+    for op in ungrouped:
+        add_group([int(op)], dp_synced=False)
+
+    template = Template(
+        stage=stage,
+        optype=optype,
+        seq_id=seq_id,
+        mc=mc,
+        is_comm=is_comm,
+        deps=tuple(tuple(sorted(d)) for d in deps),
+        group=group,
+        group_members=tuple(members),
+        group_dp_synced=np.array(synced, dtype=bool),
+    )
+    _check_acyclic(template)
+    return template, None
+
+
+def _empty_template() -> Template:
+    empty = np.empty(0, dtype=np.int64)
+    return Template(
+        empty,
+        empty.astype(object),
+        empty,
+        empty,
+        empty.astype(bool),
+        (),
+        empty,
+        (),
+        empty.astype(bool),
+    )
+
+
+def _model_first(stage: int, mc: np.ndarray, pp_size: int) -> np.ndarray:
+    """Whether each compute op (by its chunk ``mc``) is on the model's first virtual stage."""
+    chunk = np.maximum(mc, 0)
+    return (stage == 0) & (chunk == 0)
+
+
+def _model_last(stage: int, mc: np.ndarray, pp_size: int, last_chunk: int) -> np.ndarray:
+    """Whether each compute op (by its chunk ``mc``) is on the model's last virtual stage."""
+    chunk = np.maximum(mc, 0)
+    return (stage == pp_size - 1) & (chunk == last_chunk)
+
+
+def _surplus_noops(p2p: np.ndarray, needed: int, duration: np.ndarray) -> np.ndarray | None:
+    """The surplus p2p ops if they are all zero-duration no-ops, else ``None``."""
+    mean_duration = np.nanmean(duration[p2p].reshape(len(p2p), -1), axis=1)
+    short = p2p[mean_duration <= NOOP_DURATION_S]
+    surplus = len(p2p) - needed
+    if len(short) < surplus:
+        return None
+    return short[:surplus] if needed else p2p
+
+
+def _check_acyclic(template: Template) -> None:
+    """Refuse a dependency cycle (comm groups collapsed into one node each)."""
+    n = template.n_ops
+    node = np.arange(n)
+    comm = template.group >= 0
+    node[comm] = n + template.group[comm]
+    succ: dict[int, set[int]] = {}
+    indeg: dict[int, int] = {int(v): 0 for v in np.unique(node)}
+    for op, ds in enumerate(template.deps):
+        for d in ds:
+            a, b = int(node[d]), int(node[op])
+            if a == b:
+                raise TraceError(
+                    f"op {template.op_name(op)} waits for {template.op_name(d)} in its own comm "
+                    "group",
+                    where="dependency model",
+                )
+            if b not in succ.setdefault(a, set()):
+                succ[a].add(b)
+                indeg[b] += 1
+    ready = [v for v, k in indeg.items() if k == 0]
+    seen = 0
+    while ready:
+        v = ready.pop()
+        seen += 1
+        for w in succ.get(v, ()):
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                ready.append(w)
+    if seen != len(indeg):
+        stuck = [v for v, k in indeg.items() if k > 0]
+        names = []
+        for v in stuck[:_MAX_NAMES]:
+            op = v if v < n else int(template.group_members[v - n][0])
+            names.append(template.op_name(op))
+        raise TraceError(
+            f"the dependencies have a cycle through {len(stuck)} op(s), e.g. {names}: the observed "
+            "order contradicts the pipeline schedule",
+            where="dependency model",
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# durations
+# --------------------------------------------------------------------------------------------
+
+
+def group_start_max(template: Template, start: np.ndarray) -> np.ndarray:
+    """Per group: the latest start of its members ``(groups, steps, dp)`` (DP-reduced if synced)."""
+    n_groups = len(template.group_members)
+    out = np.empty((n_groups, *start.shape[1:]))
+    for g, members in enumerate(template.group_members):
+        latest = start[list(members)].max(axis=0)
+        if template.group_dp_synced[g]:
+            latest = np.broadcast_to(latest.max(axis=-1, keepdims=True), latest.shape)
+        out[g] = latest
+    return out
+
+
+def _transfer(
+    template: Template, start: np.ndarray, duration: np.ndarray
+) -> tuple[np.ndarray, int]:
+    transfer = duration.copy()
+    comm = np.flatnonzero(template.is_comm)
+    if not len(comm):
+        return transfer, 0
+    latest = group_start_max(template, start)
+    end = start[comm] + duration[comm]
+    tr = end - latest[template.group[comm]]
+    clamped = tr <= -CLOCK_TOLERANCE_S
+    tr[clamped] = 0.0
+    transfer[comm] = tr
+    return transfer, int(clamped.sum())
+
+
+def _launch_delay(
+    template: Template, start: np.ndarray, duration: np.ndarray
+) -> tuple[np.ndarray, int]:
+    end = start + duration
+    ready = np.zeros_like(start)
+    for op, ds in enumerate(template.deps):
+        if ds:
+            ready[op] = end[list(ds)].max(axis=0)
+    delay = start - ready
+    clamped = delay <= -CLOCK_TOLERANCE_S
+    delay[clamped] = 0.0
+    return delay, int(clamped.sum())
+
+
+def ideal_durations(model: JobModel) -> np.ndarray:
+    """Per template op: mean duration of its type (compute) or median transfer of its type (comm).
+
+    All stages, DP ranks, steps, microbatches and chunks are pooled, so the ideal is a perfectly
+    balanced job (``../shared/research/whatif.md`` §3.2).
+    """
+    template = model.template
+    ideal = np.zeros(template.n_ops)
+    for t in np.unique(template.optype):
+        ops = np.flatnonzero(template.optype == t)
+        values = model.transfer[ops].ravel()
+        ideal[ops] = np.median(values) if optypes.is_comm(str(t)) else values.mean()
+    return ideal

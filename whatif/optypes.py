@@ -1,0 +1,70 @@
+"""The op types of a job trace and what the dependency model knows about each.
+
+The names follow the what-if paper's artifact (``../shared/research/whatif.md`` §1.2) so that its
+traces load unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+FORWARD_COMPUTE: Final = "forward-compute"
+BACKWARD_COMPUTE: Final = "backward-compute"
+FORWARD_SEND: Final = "forward-send"
+FORWARD_RECV: Final = "forward-recv"
+BACKWARD_SEND: Final = "backward-send"
+BACKWARD_RECV: Final = "backward-recv"
+PARAMS_ALL_GATHER: Final = "params-all-gather"
+GRADS_REDUCE_SCATTER: Final = "grads-reduce-scatter"
+SEPARATE_GRADS_ALL_REDUCE: Final = "separate-grads-all-reduce"
+LAYERNORM_GRADS_ALL_REDUCE: Final = "layernorm-grads-all-reduce"
+EMBEDDING_GRADS_ALL_REDUCE: Final = "embedding-grads-all-reduce"
+OPTIMIZER_CLIP_MAIN_GRAD: Final = "optimizer-clip-main-grad"
+OPTIMIZER: Final = "optimizer"
+GC: Final = "gc"
+
+COMPUTE: Final = (FORWARD_COMPUTE, BACKWARD_COMPUTE)
+P2P: Final = (FORWARD_SEND, FORWARD_RECV, BACKWARD_SEND, BACKWARD_RECV)
+DP_COMM: Final = (PARAMS_ALL_GATHER, GRADS_REDUCE_SCATTER, SEPARATE_GRADS_ALL_REDUCE)
+OTHER_COMM: Final = (
+    LAYERNORM_GRADS_ALL_REDUCE,
+    EMBEDDING_GRADS_ALL_REDUCE,
+    OPTIMIZER_CLIP_MAIN_GRAD,
+)
+COMM: Final = P2P + DP_COMM + OTHER_COMM
+"""Ops whose recorded duration includes waiting for peers; only their transfer part is kept."""
+
+HOST: Final = (OPTIMIZER, GC)
+ALL: Final = COMPUTE + COMM + HOST
+"""Every op type a canonical trace may hold."""
+
+DP_SYNCED: Final = (*DP_COMM, OPTIMIZER_CLIP_MAIN_GRAD)
+"""Collectives whose group spans every DP rank of the step."""
+
+PP_COMM_GROUP: Final = {
+    FORWARD_SEND: "forward-pp-comm",
+    FORWARD_RECV: "forward-pp-comm",
+    BACKWARD_SEND: "backward-pp-comm",
+    BACKWARD_RECV: "backward-pp-comm",
+}
+"""Attribution by op type merges the two sides of each p2p direction (S_t, Eq. 2)."""
+
+
+def attribution_group(optype: str) -> str:
+    """The op-type group ``optype`` is attributed to (p2p types merged by direction)."""
+    return PP_COMM_GROUP.get(optype, optype)
+
+
+def is_comm(optype: str) -> bool:
+    """Whether ``optype`` is a communication op (its duration splits into blocking + transfer)."""
+    return optype in COMM
+
+
+def is_pp_comm(optype: str) -> bool:
+    """Whether ``optype`` is a pipeline-parallel point-to-point op."""
+    return optype in P2P
+
+
+def is_dp_comm(optype: str) -> bool:
+    """Whether ``optype`` is a data-parallel gradient or parameter collective."""
+    return optype in DP_COMM

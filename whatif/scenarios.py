@@ -1,0 +1,186 @@
+"""What-if scenarios and their batched replay.
+
+A scenario says, for every (template op, DP rank), whether the op keeps its original replayed
+duration (duration for compute, transfer for comm) or takes its ideal one, optionally scaled, and
+whether launch delays are replayed. Scenarios are replayed in batches sized to a memory budget,
+each batch in one pass over the compiled program.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from whatif.model import JobModel
+from whatif.replay import Program, compile_template, run
+
+logger = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, int, int], None]
+"""``progress(phase, done, total)``: called after each batch of replays."""
+
+DEFAULT_MEMORY_BUDGET = 64 * 2**20
+"""Bytes of replay state one batch may use."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One replay of the job.
+
+    Attributes
+    ----------
+    name
+        A label for progress and reports.
+    keep
+        Boolean, broadcastable to ``(ops, dp)``: ops that keep their original duration; the others
+        take their ideal duration. ``None`` keeps every op original.
+    scale
+        Float, broadcastable to ``(ops, dp)``: multiplies the chosen durations (0 makes an op
+        free). ``None`` leaves them.
+    launch_delay
+        Replay the recorded launch delays (only meaningful with every op original).
+    ideal
+        Per template op: the ideal durations to use instead of the model's (e.g. per-stage means).
+    """
+
+    name: str
+    keep: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    launch_delay: bool = False
+    ideal: np.ndarray | None = None
+
+
+class Replayer:
+    """Replays scenarios of one job model.
+
+    Parameters
+    ----------
+    model
+        The job laid out on its dependency model.
+    memory_budget
+        Bytes of replay state one batch of scenarios may use.
+    """
+
+    def __init__(self, model: JobModel, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+        self.model = model
+        self.program: Program = compile_template(model.template)
+        self.memory_budget = memory_budget
+        self.replays = 0
+        # The program takes weights in its end order and delays in its start order.
+        self._end_order = self.program.end_order
+        self._transfer = model.transfer[self._end_order]
+        self._ideal = model.ideal[self._end_order]
+        self._delay = model.launch_delay[self.program.start_order]
+
+    def batch_size(self, columns: int | None = None) -> int:
+        """Scenarios replayed per pass (at least 1) when each uses ``columns`` DP columns."""
+        m = self.model
+        width = m.dp_size if columns is None else columns
+        per_run = (self.program.n_nodes + 3 * m.template.n_ops) * m.n_steps * width * 8
+        return max(1, int(self.memory_budget // max(per_run, 1)))
+
+    def columns(self, scenario: Scenario) -> np.ndarray:
+        """The DP ranks whose replay ``scenario`` needs.
+
+        DP ranks that keep no op original replay the same ideal durations, so one of them
+        stands for all: a DP-synced collective waits for the latest member, and copies of one
+        member do not change the latest. "DP rank d original, rest ideal" thus replays 2 ranks
+        instead of all.
+        """
+        m = self.model
+        every = np.arange(m.dp_size)
+        if scenario.keep is None or scenario.scale is not None or scenario.launch_delay:
+            return every
+        keep = np.asarray(scenario.keep, dtype=bool)
+        if keep.shape == (m.template.n_ops, 1):  # a set of ops on every DP rank
+            return every if keep.any() else every[:1]
+        if keep.shape == (1, m.dp_size):  # every op of a set of DP ranks
+            original = np.flatnonzero(keep[0])
+        else:
+            original = np.flatnonzero(
+                np.broadcast_to(keep, (m.template.n_ops, m.dp_size)).any(axis=0)
+            )
+        if len(original) == m.dp_size:
+            return every
+        stand_in = int(np.setdiff1d(every, original)[0])
+        return np.sort(np.append(original, stand_in))
+
+    def weights(
+        self, scenario: Scenario, out: np.ndarray | None = None, columns: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Replayed durations ``(ops, steps, len(columns))`` of ``scenario`` on DP ranks
+        ``columns`` (default: all), in the program's end order."""
+        m = self.model
+        order = self._end_order
+        cols = np.arange(m.dp_size) if columns is None else columns
+        every = len(cols) == m.dp_size
+        transfer = self._transfer if every else self._transfer[:, :, cols]
+        shape = transfer.shape
+        if out is None:
+            out = np.empty(shape)
+        if scenario.keep is None:
+            out[...] = transfer
+        else:
+            ideal = self._ideal if scenario.ideal is None else scenario.ideal[order]
+            out[...] = ideal[:, None, None]
+            keep = np.asarray(scenario.keep, dtype=bool)
+            if keep.shape == (m.template.n_ops, 1):  # a set of ops, every DP rank
+                rows = np.flatnonzero(keep[order, 0])
+                out[rows] = transfer[rows]
+            elif keep.shape == (1, m.dp_size):  # every op of a set of DP ranks
+                for j in np.flatnonzero(keep[0, cols]):
+                    out[:, :, j] = transfer[:, :, j]
+            else:
+                full = np.broadcast_to(keep, (m.template.n_ops, m.dp_size))[order][:, cols]
+                np.copyto(out, transfer, where=np.broadcast_to(full[:, None, :], shape))
+        if scenario.scale is not None:
+            scale = np.broadcast_to(scenario.scale, (m.template.n_ops, m.dp_size))[order]
+            out *= scale[:, None, cols]
+        return out
+
+    def step_times(
+        self,
+        scenarios: Sequence[Scenario],
+        *,
+        progress: ProgressFn | None = None,
+        phase: str = "replay",
+    ) -> np.ndarray:
+        """Step times ``(scenarios, steps)`` of every scenario."""
+        m = self.model
+        n_ops, n_steps, _ = m.transfer.shape
+        out = np.empty((len(scenarios), n_steps))
+        columns = [self.columns(s) for s in scenarios]
+        # Batches share a width and a launch-delay setting (the others skip the addition).
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, s in enumerate(scenarios):
+            groups.setdefault((len(columns[i]), s.launch_delay), []).append(i)
+        done = 0
+        for (width, with_delay), members in groups.items():
+            size = self.batch_size(width)
+            for first in range(0, len(members), size):
+                batch = members[first : first + size]
+                runs = np.empty((n_ops, len(batch), n_steps, width))
+                for j, i in enumerate(batch):
+                    self.weights(scenarios[i], out=runs[:, j], columns=columns[i])
+                delays = None
+                if with_delay:
+                    delays = np.broadcast_to(
+                        self._delay[:, None], (n_ops, len(batch), n_steps, width)
+                    ).reshape(n_ops, -1, width)
+                times, _ = run(self.program, runs.reshape(n_ops, -1, width), delays)
+                out[batch] = times.reshape(len(batch), n_steps)
+                self.replays += len(batch)
+                done += len(batch)
+                if progress is not None:
+                    progress(phase, done, len(scenarios))
+        return out
+
+    def timeline(self, scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end ``(ops, steps, dp)`` of every op in ``scenario`` (step-relative)."""
+        delays = self._delay if scenario.launch_delay else None
+        _, values = run(self.program, self.weights(scenario), delays, keep_values=True)
+        assert values is not None
+        return values[self.program.start_node], values[self.program.end_node]
