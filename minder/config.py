@@ -42,6 +42,9 @@ class ApiSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    token: str | None = Field(
+        None, description="bearer token required by mutating endpoints (PATCH); none = open"
+    )
 
 
 class DetectionSettings(BaseModel):

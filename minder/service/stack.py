@@ -121,5 +121,6 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         sessions,
         registry=metrics.registry,
         readiness=lambda: {"kafka_group_joined": worker.ready},
+        api_token=settings.api.token,
     )
     return Stack(settings, metrics, service, worker, app, publisher, webhooks)
