@@ -6,6 +6,8 @@ arguments. Example: ``MINDER_KAFKA__BOOTSTRAP=broker:9092 MINDER_DATABASE__URL=p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -68,6 +70,18 @@ class DetectionSettings(BaseModel):
         )
 
 
+class WhatIfSettings(BaseModel):
+    """The what-if analysis endpoint (``POST /api/v1/whatif``)."""
+
+    roots: list[Path] = Field(
+        default_factory=list,
+        description="directories whose traces the server may read by path; empty = uploads only",
+    )
+    workdir: Path | None = Field(None, description="where uploads are kept while analysed")
+    max_upload_bytes: int = Field(512 * 2**20, ge=1)
+    workers: int = Field(1, ge=1, le=4)
+
+
 class WebhookSettings(BaseModel):
     """Alert webhooks to the scheduler."""
 
@@ -87,4 +101,5 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
     log_level: str = "INFO"

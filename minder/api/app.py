@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
 from prometheus_client import REGISTRY, CollectorRegistry
+from starlette.concurrency import run_in_threadpool
 
 from minder import __version__
-from minder.api.deps import ApiContext
+from minder.api.deps import ApiContext, WhatIfContext
 from minder.api.errors import install_error_handlers
-from minder.api.routes import alerts, health, jobs, metrics
+from minder.api.routes import alerts, health, jobs, metrics, whatif
+from minder.api.whatif_inputs import ScratchSpace
+from minder.api.whatif_runner import WhatIfMetrics, WhatIfRunner
+from minder.core.errors import ValidationError
 from minder.storage import SessionFactory
 
 API_PREFIX = "/api/v1"
+
+DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+"""Largest what-if upload (request body) accepted by default: 512 MiB."""
 
 
 def create_app(
@@ -22,6 +31,10 @@ def create_app(
     registry: CollectorRegistry | None = None,
     readiness: Callable[[], Mapping[str, bool]] | None = None,
     api_token: str | None = None,
+    whatif_roots: Sequence[Path] | None = None,
+    whatif_workdir: Path | None = None,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    whatif_workers: int = 1,
     title: str = "Minder",
     version: str = __version__,
 ) -> FastAPI:
@@ -39,24 +52,71 @@ def create_app(
         called from several threads at once, and an exception counts as not ready.
     api_token
         When set (non-empty), mutating endpoints need ``Authorization: Bearer <api_token>``.
+    whatif_roots
+        Directories whose files ``POST /api/v1/whatif`` with ``{"path": …}`` may analyse;
+        ``None`` (the default) refuses server paths (403), leaving uploads only.
+    whatif_workdir
+        Where uploaded traces wait for their analysis (removed after it); a temporary directory,
+        removed at shutdown, when not given.
+    max_upload_bytes
+        Largest what-if upload request accepted (413 beyond).
+    whatif_workers
+        What-if analyses run at once (1..4), on threads of the app's own pool, started with the
+        app and stopped at its shutdown (queued analyses are then stored as failed).
+
+    Raises
+    ------
+    ValidationError
+        For a what-if root that is not a directory, or a non-positive ``max_upload_bytes``.
     """
+    if max_upload_bytes <= 0:
+        raise ValidationError(f"max_upload_bytes {max_upload_bytes}: expected a positive size")
+    roots = None if whatif_roots is None else tuple(_checked_root(r) for r in whatif_roots)
+    the_registry = registry if registry is not None else REGISTRY
+    runner = WhatIfRunner(session_factory, WhatIfMetrics.on(the_registry), workers=whatif_workers)
+    scratch = ScratchSpace(whatif_workdir)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        runner.start()
+        try:
+            yield
+        finally:
+            # waits for running analyses; queued ones are stored as failed
+            await run_in_threadpool(runner.shutdown)
+            scratch.close()
+
     app = FastAPI(
         title=title,
         version=version,
-        description="Faulty-machine detection for large GPU training jobs: jobs, scores, alerts.",
+        description="Faulty-machine detection for large GPU training jobs: jobs, scores, alerts, "
+        "what-if straggler analyses.",
+        lifespan=lifespan,
     )
     app.state.minder = ApiContext(
         session_factory=session_factory,
-        registry=registry if registry is not None else REGISTRY,
+        registry=the_registry,
         readiness=readiness,
         api_token=api_token or None,
         version=version,
+        whatif=WhatIfContext(
+            runner=runner, roots=roots, scratch=scratch, max_upload_bytes=max_upload_bytes
+        ),
     )
+    # submissions work even when the server runs the app without its lifespan
+    runner.start()
     install_error_handlers(app)
     v1 = APIRouter(prefix=API_PREFIX)
-    for router in (health.router, jobs.router, alerts.router, metrics.router):
+    for router in (health.router, jobs.router, alerts.router, whatif.router, metrics.router):
         v1.include_router(router)
     app.include_router(v1)
     # Prometheus scrapes /metrics by convention; /api/v1/metrics is the same handler
     app.include_router(metrics.router)
     return app
+
+
+def _checked_root(root: Path | str) -> Path:
+    path = Path(root).expanduser().resolve()
+    if not path.is_dir():
+        raise ValidationError(f"what-if root {str(root)!r} is not a directory")
+    return path

@@ -5,13 +5,39 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
+from minder.api.whatif_inputs import ScratchSpace
+from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfContext:
+    """How the what-if endpoints take traces and where they run them.
+
+    Attributes
+    ----------
+    runner
+        Runs the analyses in the background and stores their reports.
+    roots
+        Directories whose files ``{"path": …}`` submissions may name (resolved); ``None``
+        disables server paths.
+    scratch
+        Where uploads are saved until their analysis is over.
+    max_upload_bytes
+        Largest upload request body accepted.
+    """
+
+    runner: WhatIfRunner
+    roots: tuple[Path, ...] | None
+    scratch: ScratchSpace
+    max_upload_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +49,7 @@ class ApiContext:
     readiness: Callable[[], Mapping[str, bool]] | None
     api_token: str | None
     version: str
+    whatif: WhatIfContext
 
 
 def get_context(request: Request) -> ApiContext:

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from minder.core.alert import AlertKind, AlertStatus
-from minder.storage import AlertRecord, JobInfo, JobStatus, MachineScore, MachineState
+from minder.storage import (
+    AlertRecord,
+    JobInfo,
+    JobStatus,
+    MachineScore,
+    MachineState,
+    WhatIfRecord,
+    WhatIfStatus,
+    WhatIfSummary,
+)
 
 
 class Health(BaseModel):
@@ -180,3 +189,106 @@ class AlertStatusChange(BaseModel):
     """The new status of an alert."""
 
     status: AlertStatus
+
+
+class WhatIfLinks(BaseModel):
+    """Where to follow a what-if report."""
+
+    self_: str = Field(alias="self", description="GET it here")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+def _whatif_links(report_id: str) -> WhatIfLinks:
+    return WhatIfLinks(self_=f"/api/v1/whatif/{report_id}")
+
+
+class WhatIfAccepted(BaseModel):
+    """A what-if analysis was accepted and waits to run; poll ``links.self``."""
+
+    id: str
+    status: WhatIfStatus
+    links: WhatIfLinks
+
+    @classmethod
+    def of(cls, summary: WhatIfSummary) -> WhatIfAccepted:
+        return cls(id=summary.id, status=summary.status, links=_whatif_links(summary.id))
+
+
+class WhatIfPathRequest(BaseModel):
+    """Analyse a trace the server can read (under its allowed what-if roots)."""
+
+    path: str = Field(
+        min_length=1,
+        description="a canonical .parquet trace, Kineto .json/.json.gz traces of the ranks, a "
+        "directory of them or a glob; relative paths are looked up under the allowed roots",
+    )
+    meta: str | None = Field(None, description="the job meta YAML (dp_size, pp_size, …)")
+    what_ifs: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="custom what-ifs, e.g. 'pp-comm:free' or 'stage=3:faster=20%'",
+    )
+    job: str | None = Field(
+        None, min_length=1, max_length=255, description="the job's name; the trace's otherwise"
+    )
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class WhatIfSummaryOut(BaseModel):
+    """A what-if report without its body."""
+
+    id: str
+    job: str | None = Field(description="given at submission, else the trace's name once done")
+    status: WhatIfStatus
+    source: str = Field(description="what was analysed")
+    created_at: float = Field(description="submitted, unix seconds")
+    started_at: float | None = Field(description="analysis started, unix seconds")
+    finished_at: float | None = Field(description="analysis ended, unix seconds")
+    slowdown: float | None = Field(description="S = T_orig / T_ideal, when done")
+    verdict: str | None = Field(description="the root cause (stage, worker, …), when done")
+    error: str | None = Field(description="why the analysis failed, when it did")
+    links: WhatIfLinks
+
+    @classmethod
+    def of(cls, summary: WhatIfSummary) -> WhatIfSummaryOut:
+        return cls(**_summary_fields(summary))
+
+
+def _summary_fields(summary: WhatIfSummary) -> dict[str, Any]:
+    return {
+        "id": summary.id,
+        "job": summary.job,
+        "status": summary.status,
+        "source": summary.source,
+        "created_at": summary.created_at,
+        "started_at": summary.started_at,
+        "finished_at": summary.finished_at,
+        "slowdown": summary.slowdown,
+        "verdict": summary.verdict,
+        "error": summary.error,
+        "links": _whatif_links(summary.id),
+    }
+
+
+class WhatIfReportOut(WhatIfSummaryOut):
+    """A what-if report with its body (DESIGN.md §3.5) once done."""
+
+    report: dict[str, Any] | None = Field(
+        description="slowdown, waste, model_error, by_optype, by_dp_rank, by_stage, by_worker, "
+        "mw, ms, verdict, per_step, then details; null until done"
+    )
+
+    @classmethod
+    def of_record(cls, record: WhatIfRecord) -> WhatIfReportOut:
+        return cls(**_summary_fields(record), report=record.report)
+
+
+class WhatIfPage(BaseModel):
+    """One page of what-if reports, newest submitted first."""
+
+    items: list[WhatIfSummaryOut]
+    total: int = Field(description="reports matching the filters, over all pages")
+    limit: int
+    offset: int

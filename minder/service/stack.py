@@ -122,5 +122,9 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         registry=metrics.registry,
         readiness=lambda: {"kafka_group_joined": worker.ready},
         api_token=settings.api.token,
+        whatif_roots=settings.whatif.roots or None,
+        whatif_workdir=settings.whatif.workdir,
+        max_upload_bytes=settings.whatif.max_upload_bytes,
+        whatif_workers=settings.whatif.workers,
     )
     return Stack(settings, metrics, service, worker, app, publisher, webhooks)

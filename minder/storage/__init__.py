@@ -1,4 +1,4 @@
-"""Alert, job and score storage: SQLAlchemy 2 ORM with Alembic migrations.
+"""Alert, job, score and what-if report storage: SQLAlchemy 2 ORM with Alembic migrations.
 
 The only package of Minder that imports SQLAlchemy and Alembic (DESIGN.md §2). Callers open a
 session from :func:`session_factory` and pass it to the repository functions, which return plain
@@ -54,7 +54,19 @@ from minder.storage.records import (
     MachineScore,
     MachineState,
     ScoreRow,
+    WhatIfRecord,
+    WhatIfStatus,
+    WhatIfSummary,
     parse_status,
+)
+from minder.storage.whatif import (
+    create_report,
+    fail_report,
+    finish_report,
+    get_report,
+    list_reports,
+    mark_running,
+    parse_whatif_status,
 )
 
 __all__ = [
@@ -70,24 +82,34 @@ __all__ = [
     "Session",
     "SessionFactory",
     "StatusTransitionError",
+    "WhatIfRecord",
+    "WhatIfStatus",
+    "WhatIfSummary",
     "alembic_config",
     "allowed_transitions",
     "count_active_alerts",
     "create_engine_for",
+    "create_report",
     "current_revisions",
     "current_scores",
     "database_status",
+    "fail_report",
+    "finish_report",
     "get_alert",
     "get_alert_record",
     "get_job",
+    "get_report",
     "head_revisions",
     "list_alert_records",
     "list_alerts",
     "list_jobs",
     "list_machines",
+    "list_reports",
+    "mark_running",
     "normalise_url",
     "open_alerts",
     "parse_status",
+    "parse_whatif_status",
     "record_alert",
     "save_scores",
     "schema_is_current",

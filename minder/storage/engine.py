@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -90,7 +92,7 @@ def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
         cursor = dbapi_connection.cursor()
         try:
             if wal:
-                cursor.execute("PRAGMA journal_mode=WAL")
+                _enable_wal(cursor)
                 # WAL makes NORMAL durable against application crashes, and much cheaper.
                 cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
@@ -101,6 +103,25 @@ def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _enable_wal(cursor: Any) -> None:
+    # WAL is a property of the database file, set once for every later connection. Switching to it
+    # needs an exclusive lock for which SQLite does not wait on the busy handler: processes that
+    # open a new database at once (API and service migrating at start-up) can see "database is
+    # locked" here. Retry within the busy timeout, and skip the switch once the file is in WAL.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
 
 
 def session_factory(engine: Engine) -> SessionFactory:

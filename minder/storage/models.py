@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Double, ForeignKey, Index, Integer, MetaData, String
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -106,3 +116,35 @@ class AlertRow(Base):
     evidence: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[float] = mapped_column(Double)
     updated_at: Mapped[float] = mapped_column(Double)
+
+
+WHATIF_STATUSES = ("pending", "running", "done", "failed")
+"""Every status of a what-if report (:class:`minder.storage.records.WhatIfStatus`)."""
+
+
+class WhatIfReportRow(Base):
+    """One what-if analysis of a job trace, from submission to its stored report."""
+
+    __tablename__ = "whatif_reports"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ({})".format(", ".join(f"'{s}'" for s in WHATIF_STATUSES)), name="status"
+        ),
+        # the API lists newest first, optionally for one job
+        Index("ix_whatif_reports_job_created_at", "job", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # known at submission only when the client names it; else the trace's name, when done
+    job: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Double, index=True)
+    started_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    slowdown: Mapped[float | None] = mapped_column(Double, nullable=True)
+    verdict: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # plain JSON, not JSONB: the report is only ever read whole, and JSON keeps its key order
+    # (DESIGN.md §3.5 keys first), which JSONB would sort away
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -181,3 +181,60 @@ def parse_status(value: AlertStatus | str) -> AlertStatus:
     except ValueError:
         allowed = [s.value for s in AlertStatus]
         raise ValidationError(f"unknown alert status {value!r}: allowed {allowed}") from None
+
+
+class WhatIfStatus(StrEnum):
+    """Where a what-if analysis stands: ``pending → running → done | failed``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        """Whether the analysis is over (its report or its error is stored)."""
+        return self in (WhatIfStatus.DONE, WhatIfStatus.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfSummary:
+    """A stored what-if analysis without its report body (what listings return).
+
+    Attributes
+    ----------
+    id
+        The report id (the API's ``/api/v1/whatif/{id}``).
+    job
+        The job the trace belongs to: given at submission, else the trace's name once done.
+    status
+        Where the analysis stands.
+    source
+        What was analysed, for humans (uploaded file names or the server path).
+    created_at, started_at, finished_at
+        Wall time of the submission, of the start and of the end of the analysis, unix seconds.
+    slowdown
+        ``S = T_orig / T_ideal`` when done.
+    verdict
+        The root cause (``stage``, ``worker``, …) when done.
+    error
+        Why the analysis failed, when it did.
+    """
+
+    id: str
+    job: str | None
+    status: WhatIfStatus
+    source: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    slowdown: float | None
+    verdict: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfRecord(WhatIfSummary):
+    """A stored what-if analysis with its report (the DESIGN.md §3.5 JSON), ``None`` until done."""
+
+    report: dict[str, Any] | None = None

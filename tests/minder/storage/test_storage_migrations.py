@@ -23,7 +23,8 @@ from minder.storage import (
 from minder.storage.migrate import alembic_config
 from minder.storage.models import Base
 
-TABLES = {"alembic_version", "jobs", "machines", "machine_scores", "alerts"}
+TABLES = {"alembic_version", "jobs", "machines", "machine_scores", "alerts", "whatif_reports"}
+HEAD = frozenset({"0002"})
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -32,7 +33,7 @@ def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engi
 
     upgrade_database(empty_engine)
     assert set(inspect(empty_engine).get_table_names()) >= TABLES
-    assert current_revisions(empty_engine) == head_revisions() == frozenset({"0001"})
+    assert current_revisions(empty_engine) == head_revisions() == HEAD
     assert schema_is_current(empty_engine)
 
     sessions = session_factory(empty_engine)
@@ -48,7 +49,7 @@ def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engi
     with sessions.begin() as session:
         record_alert(session, alert)
     upgrade_database(empty_engine)  # again: nothing to do, data kept
-    assert current_revisions(empty_engine) == frozenset({"0001"})
+    assert current_revisions(empty_engine) == HEAD
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
 
@@ -99,3 +100,41 @@ def test_concurrent_upgrades_do_not_collide(empty_engine: Engine) -> None:
         thread.join(timeout=60)
     assert not errors, errors
     assert schema_is_current(empty_engine)
+
+
+def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
+    empty_engine: Engine,
+) -> None:
+    """A database made before what-if reports existed gains the table, keeping its alerts."""
+    upgrade_database(empty_engine, "0001")
+    assert "whatif_reports" not in inspect(empty_engine).get_table_names()
+    sessions = session_factory(empty_engine)
+    alert = Alert(
+        job="j",
+        machine="m",
+        kind=AlertKind.RULE,
+        metric="gpu_xid_count",
+        score=1.0,
+        first_ts=1.0,
+        detected_ts=1.0,
+    )
+    with sessions.begin() as session:
+        record_alert(session, alert)
+
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    assert "whatif_reports" in inspect(empty_engine).get_table_names()
+    with empty_engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0001")
+    assert current_revisions(empty_engine) == frozenset({"0001"})
+    tables = set(inspect(empty_engine).get_table_names())
+    assert "whatif_reports" not in tables
+    assert TABLES - {"whatif_reports"} <= tables
+    with sessions() as session:
+        assert [a.id for a in list_alerts(session)[0]] == [alert.id]
