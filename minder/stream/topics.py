@@ -1,0 +1,144 @@
+"""Creating Minder's topics (DESIGN.md §3.2) on a broker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from minder.core.errors import BrokerError, ValidationError
+from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC, TRACES_TOPIC
+
+logger = logging.getLogger(__name__)
+
+
+def minder_topics(metrics_partitions: int, *, other_partitions: int = 1) -> dict[str, int]:
+    """Minder's topics with their partition counts.
+
+    Only the metrics topic is consumed by a group of detection workers, so only it needs
+    ``metrics_partitions`` (the most workers that can share the load); the others are small.
+    """
+    if metrics_partitions < 1 or other_partitions < 1:
+        raise ValidationError(
+            f"partitions are metrics={metrics_partitions!r}, other={other_partitions!r}: "
+            "expected integers >= 1"
+        )
+    return {
+        METRICS_TOPIC: metrics_partitions,
+        ALERTS_TOPIC: other_partitions,
+        DEADLETTER_TOPIC: other_partitions,
+        TRACES_TOPIC: other_partitions,
+    }
+
+
+def ensure_topics(
+    bootstrap: str,
+    topics: Mapping[str, int],
+    *,
+    replication_factor: int = 1,
+    client_id: str = "minder-admin",
+    timeout_s: float = 30.0,
+) -> list[str]:
+    """Create the topics of ``topics`` (name → partitions) that do not exist yet.
+
+    Idempotent: existing topics are left alone (a warning is logged when one has fewer
+    partitions than asked, since partitions are never changed behind the operator's back), and
+    a topic created concurrently by someone else counts as existing.
+
+    Returns
+    -------
+    list[str]
+        The names this call created, sorted.
+
+    Raises
+    ------
+    ValidationError
+        A partition count below 1.
+    BrokerError
+        The broker cannot be reached or refuses to create a topic.
+    """
+    validate_topics(topics)
+    if not topics:
+        return []
+    timeout_ms = int(timeout_s * 1000)
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            request_timeout_ms=timeout_ms,
+            bootstrap_timeout_ms=timeout_ms,
+        )
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach the Kafka brokers at {bootstrap!r}: {exc!r}") from exc
+    try:
+        return create_missing_topics(admin, topics, replication_factor, timeout_ms)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot create topics {sorted(topics)} at {bootstrap!r}: {exc}") from exc
+    finally:
+        admin.close()
+
+
+def validate_topics(topics: Mapping[str, int]) -> None:
+    """Refuse empty names and partition counts that are not integers >= 1."""
+    for name, partitions in topics.items():
+        if not name or isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise ValidationError(
+                f"topic {name!r} has partitions {partitions!r}: "
+                "expected a non-empty name and an integer"
+            )
+        if partitions < 1:
+            raise ValidationError(f"topic {name!r} has partitions {partitions}: expected >= 1")
+
+
+def create_missing_topics(
+    admin: KafkaAdminClient,
+    topics: Mapping[str, int],
+    replication_factor: int = 1,
+    timeout_ms: int = 30_000,
+) -> list[str]:
+    """:func:`ensure_topics` on an open admin client; kafka-python errors pass through."""
+    existing = set(admin.list_topics())
+    _warn_fewer_partitions(admin, {n: p for n, p in topics.items() if n in existing})
+    missing = sorted(name for name in topics if name not in existing)
+    if not missing:
+        return []
+    try:
+        # One request for all: the embedded broker creates its topics this way at start, before
+        # a client's request can make Tansu auto-create one with its default partitions.
+        admin.create_topics(
+            [NewTopic(name, topics[name], replication_factor) for name in missing],
+            timeout_ms=timeout_ms,
+        )
+        created = missing
+    except TopicAlreadyExistsError:
+        # Someone created one meanwhile: go one by one, so that one does not hide the others.
+        created = []
+        for name in missing:
+            try:
+                admin.create_topics(
+                    [NewTopic(name, topics[name], replication_factor)], timeout_ms=timeout_ms
+                )
+                created.append(name)
+            except TopicAlreadyExistsError:
+                logger.debug("topic %s was created concurrently", name)
+    for name in created:
+        logger.info("created topic %s with %d partitions", name, topics[name])
+    return created
+
+
+def _warn_fewer_partitions(admin: KafkaAdminClient, wanted: Mapping[str, int]) -> None:
+    if not wanted:
+        return
+    for description in admin.describe_topics(list(wanted)):
+        name = description.get("name")
+        have = len(description.get("partitions") or [])
+        if name in wanted and have < wanted[name]:
+            logger.warning(
+                "topic %s has %d partitions, fewer than the %d asked for: left unchanged",
+                name,
+                have,
+                wanted[name],
+            )
