@@ -28,6 +28,7 @@ from minder.storage import (
     create_report,
     fail_report,
     finish_report,
+    list_reports,
     mark_running,
 )
 from whatif import WhatIfReport, analyze_path
@@ -168,10 +169,31 @@ class WhatIfRunner:
     def start(self) -> None:
         """Open the pool (again after :meth:`shutdown`); a no-op while it is open."""
         with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self._workers, thread_name_prefix="minder-whatif"
-                )
+            if self._executor is not None:
+                return
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._workers, thread_name_prefix="minder-whatif"
+            )
+        self.restore_gauges()
+
+    def restore_gauges(self, limit: int = 500) -> int:
+        """Set each job's S gauge from its newest stored report, so a restart loses none.
+
+        Returns the number of jobs restored; a database that cannot be read is logged, not
+        raised (the API still starts and ``/ready`` reports the database).
+        """
+        try:
+            with self._sessions() as session:
+                done, _ = list_reports(session, status=WhatIfStatus.DONE, limit=limit)
+        except Exception:
+            logger.exception("cannot restore the what-if gauges from the database")
+            return 0
+        restored: set[str] = set()
+        for summary in done:  # newest first: the first report of a job is its latest
+            if summary.job and summary.slowdown is not None and summary.job not in restored:
+                self._metrics.slowdown.labels(job=summary.job).set(summary.slowdown)
+                restored.add(summary.job)
+        return len(restored)
 
     def check_capacity(self) -> None:
         """Raise :class:`RunnerBusyError` when the backlog is full (before receiving an upload)."""

@@ -41,18 +41,32 @@ _MAX_LAYOUTS = 65_536
 _NUMBER_TYPES = frozenset({float, int})
 
 
-def batch_to_dict(batch: NodeBatch) -> dict[str, Any]:
-    """Return the envelope as plain data (the form both encodings carry)."""
-    return {
+def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
+    """Return the envelope as plain data (the form both encodings carry).
+
+    Samples travel as three parallel lists (``"columns": {"metric", "device", "value"}``): two to
+    three times cheaper to encode and decode than one ``[metric, device, value]`` list per
+    sample (``bench/codec.py``). ``columns=False`` gives that readable triple form, which the
+    decoder accepts too.
+    """
+    data: dict[str, Any] = {
         "schema": batch.schema,
         "job": batch.job,
         "node": batch.node,
         "ts": batch.ts,
         "interval_s": batch.interval_s,
         "labels": batch.labels,
-        "samples": [list(s) for s in batch.samples],
-        "events": [_event_to_dict(e) for e in batch.events],
     }
+    if columns:
+        data["columns"] = {
+            "metric": [s[0] for s in batch.samples],
+            "device": [s[1] for s in batch.samples],
+            "value": [s[2] for s in batch.samples],
+        }
+    else:
+        data["samples"] = [list(s) for s in batch.samples]
+    data["events"] = [_event_to_dict(e) for e in batch.events]
+    return data
 
 
 def _event_to_dict(event: Event) -> dict[str, Any]:
@@ -117,7 +131,13 @@ def batch_from_dict(data: Any) -> NodeBatch:
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         raise DecodeError(f"field 'labels' is {labels!r}: expected a map of strings to strings")
-    samples = _samples(data.get("samples", []))
+    columns = data.get("columns")
+    if columns is not None:
+        if "samples" in data:
+            raise DecodeError("envelope has both 'samples' and 'columns': expected one of them")
+        samples = _columns(columns)
+    else:
+        samples = _samples(data.get("samples", []))
     events = _events(data.get("events", []))
     return NodeBatch(
         job=job,
@@ -145,6 +165,38 @@ def _number(data: dict[str, Any], key: str, default: float | None = None) -> flo
     return float(value)
 
 
+def _columns(raw: Any) -> list[Sample]:
+    """Samples in the column form: validated per layout and with numpy, like the fast path."""
+    if not isinstance(raw, dict):
+        raise DecodeError(
+            f"field 'columns' is {type(raw).__name__}: expected a map of 'metric', 'device' and "
+            "'value' lists"
+        )
+    names, devices, values = raw.get("metric"), raw.get("device"), raw.get("value")
+    if not (isinstance(names, list) and isinstance(devices, list) and isinstance(values, list)):
+        raise DecodeError(
+            "field 'columns' needs 'metric', 'device' and 'value' lists; got "
+            f"{type(names).__name__}, {type(devices).__name__}, {type(values).__name__}"
+        )
+    if not len(names) == len(devices) == len(values):
+        raise DecodeError(
+            f"columns have {len(names)} metrics, {len(devices)} devices and {len(values)} values: "
+            "expected the same length"
+        )
+    if not names:
+        return []
+    layout = (tuple(names), tuple(devices))
+    bounds = _layout_bounds.get(layout)
+    if bounds is None or not set(map(type, values)) <= _NUMBER_TYPES:
+        # First sight of this layout, or a value that is not a plain number: the exact check
+        # names the offending sample.
+        return _samples_checked([list(t) for t in zip(names, devices, values, strict=True)])
+    array = np.asarray(values, dtype=np.float64)
+    if not ((array >= bounds[0]) & (array <= bounds[1])).all():
+        return _samples_checked([list(t) for t in zip(names, devices, values, strict=True)])
+    return list(zip(names, devices, array.tolist(), strict=True))
+
+
 def _samples(raw: Any) -> list[Sample]:
     if not isinstance(raw, list):
         raise DecodeError(f"field 'samples' is {type(raw).__name__}: expected a list")
@@ -159,16 +211,7 @@ def _samples(raw: Any) -> list[Sample]:
         return _samples_checked(raw)
     bounds = _layout_bounds.get((names, devices))
     if bounds is None:
-        _samples_checked(raw)  # raises on the first bad sample
-        specs = [
-            _checked_pairs.get((n, d)) or METRICS[n] for n, d in zip(names, devices, strict=True)
-        ]
-        bounds = (
-            np.fromiter((sp.lower for sp in specs), dtype=np.float64, count=len(specs)),
-            np.fromiter((sp.upper for sp in specs), dtype=np.float64, count=len(specs)),
-        )
-        if len(_layout_bounds) < _MAX_LAYOUTS:
-            _layout_bounds[(names, devices)] = bounds
+        return _samples_checked(raw)  # raises on the first bad sample, else learns the layout
     if not set(map(type, values)) <= _NUMBER_TYPES:
         return _samples_checked(raw)
     array = np.asarray(values, dtype=np.float64)
@@ -201,7 +244,21 @@ def _samples_checked(raw: list[Any]) -> list[Sample]:
                 f"in [{spec.lower:g}, {spec.upper:g}] ({spec.unit})"
             )
         append((name, device, float(value)))
+    _remember_layout(out)
     return out
+
+
+def _remember_layout(samples: list[Sample]) -> None:
+    """Keep the value bounds of a validated layout, so the next batch takes the fast path."""
+    if not samples or len(_layout_bounds) >= _MAX_LAYOUTS:
+        return
+    names = tuple(s[0] for s in samples)
+    devices = tuple(s[1] for s in samples)
+    specs = [METRICS[n] for n in names]
+    _layout_bounds[(names, devices)] = (
+        np.fromiter((sp.lower for sp in specs), dtype=np.float64, count=len(specs)),
+        np.fromiter((sp.upper for sp in specs), dtype=np.float64, count=len(specs)),
+    )
 
 
 def _check_pair(i: int, name: Any, device: Any) -> MetricSpec:

@@ -45,8 +45,10 @@ _REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"field 'schema'", "schema_version"),
         (r"samples\[\d+\] has unknown metric", "unknown_metric"),
         (r"samples\[", "bad_sample"),
+        (r"columns have", "bad_sample"),
         (r"events\[", "bad_event"),
         (r"field ", "bad_field"),
+        (r"envelope has both", "bad_field"),
     )
 )
 REASON_CLASSES: tuple[str, ...] = (

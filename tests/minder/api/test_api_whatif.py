@@ -504,3 +504,16 @@ def test_a_full_backlog_refuses_new_analyses_without_storing_them(
             get_report(session, "second")
     with pytest.raises(ValidationError, match="workers 5 out of range"):
         WhatIfRunner(sessions, WhatIfMetrics.on(CollectorRegistry()), workers=5)
+
+
+def test_a_restarted_app_restores_each_jobs_latest_slowdown(
+    sessions: SessionFactory, root: Path
+) -> None:
+    with serving(sessions, CollectorRegistry(), whatif_roots=[root]) as client:
+        report = finished(
+            client, submitted(client.post("/api/v1/whatif", json={"path": "st", "job": "llm-9"}))
+        )
+    # A new process: a fresh registry, the same database.
+    with serving(sessions, CollectorRegistry(), whatif_roots=[root]) as client:
+        [gauge] = metric_lines(client, 'minder_whatif_slowdown{job="llm-9"}')
+    assert float(gauge.split()[-1]) == pytest.approx(report["slowdown"])

@@ -33,13 +33,16 @@ def _batch() -> NodeBatch:
 def test_round_trip(fmt: WireFormat) -> None:
     batch = _batch()
     decoded = decode_batch(encode_batch(batch, fmt))
-    assert decoded == NodeBatch(
-        **{
-            **batch_to_dict(batch),
-            "samples": [(n, d, float(v)) for n, d, v in batch.samples],
-            "events": batch.events,
-        }
+    expected = NodeBatch(
+        job=batch.job,
+        node=batch.node,
+        ts=batch.ts,
+        interval_s=batch.interval_s,
+        labels=batch.labels,
+        samples=[(n, d, float(v)) for n, d, v in batch.samples],
+        events=batch.events,
     )
+    assert decoded == expected
     assert decoded.group == "pp3" and decoded.domain == "leaf-12"
     assert isinstance(decoded.samples[1][2], float)
 
@@ -53,7 +56,7 @@ def test_formats_are_recognised_from_the_payload() -> None:
 
 
 def _envelope(**changes: object) -> dict[str, object]:
-    data = batch_to_dict(_batch())
+    data = batch_to_dict(_batch(), columns=False)
     data.update(changes)
     return data
 
@@ -86,6 +89,35 @@ def test_rejection_names_the_problem(payload: bytes, message: str) -> None:
     with pytest.raises(DecodeError) as info:
         decode_batch(payload)
     assert message in info.value.reason
+
+
+def _columns(**columns: object) -> bytes:
+    data = batch_to_dict(_batch())
+    data["columns"] = {**data["columns"], **columns}  # type: ignore[dict-item]
+    return msgpack.packb(data)
+
+
+def test_column_form_is_validated_like_the_triples() -> None:
+    batch = _batch()
+    assert "columns" in batch_to_dict(batch) and "samples" not in batch_to_dict(batch)
+    assert (
+        decode_batch(encode_batch(batch)).samples
+        == decode_batch(orjson.dumps(batch_to_dict(batch, columns=False))).samples
+    )
+    with pytest.raises(DecodeError, match="expected the same length"):
+        decode_batch(_columns(value=[0.5]))
+    with pytest.raises(DecodeError, match=r"samples\[0\] gpu_util_ratio\{gpu0\} has value 7"):
+        decode_batch(_columns(value=[7, 612, 12.5, 0.31, 5.2]))
+    with pytest.raises(DecodeError, match="unknown metric 'gpu_utilization'"):
+        decode_batch(
+            _columns(metric=["gpu_utilization", *batch_to_dict(batch)["columns"]["metric"][1:]])
+        )
+    with pytest.raises(DecodeError, match="needs 'metric', 'device' and 'value' lists"):
+        decode_batch(_columns(device="gpu0"))
+    both = batch_to_dict(batch)
+    both["samples"] = []
+    with pytest.raises(DecodeError, match="both 'samples' and 'columns'"):
+        decode_batch(msgpack.packb(both))
 
 
 def test_non_finite_values_are_refused_in_msgpack() -> None:

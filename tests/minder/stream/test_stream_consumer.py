@@ -44,7 +44,7 @@ def _send_all(
 
 
 def _json(batch: NodeBatch, **changes: object) -> bytes:
-    return orjson.dumps({**batch_to_dict(batch), **changes})
+    return orjson.dumps({**batch_to_dict(batch, columns=False), **changes})
 
 
 def test_undecodable_messages_go_to_the_dead_letter_topic_with_their_reason(
@@ -109,6 +109,10 @@ def test_reason_classes_of_codec_errors() -> None:
         _json(batch, samples=[["gpu_util_ratio", "gpu0", 1.5]]): "bad_sample",
         _json(batch, samples=[["gpu_util_ratio", "mlx5_0", 0.5]]): "bad_sample",
         _json(batch, events=[{"kind": "meteor", "ts": T0}]): "bad_event",
+        msgpack.packb(
+            {**batch_to_dict(batch), "columns": {"metric": [], "device": [], "value": [1.0]}}
+        ): "bad_sample",
+        _json(batch, columns={"metric": [], "device": [], "value": []}): "bad_field",
     }
     for payload, expected in cases.items():
         with pytest.raises(DecodeError) as caught:
@@ -229,7 +233,7 @@ def test_run_never_stops_on_bad_input(
     metrics, deadletter = topics
     rng = random.Random(7)
     good = [make_batch(f"job{i % 4}", f"n{i}", T0 + i) for i in range(30)]
-    template = batch_to_dict(good[0])
+    template = batch_to_dict(good[0], columns=False)
     bad: list[bytes | None] = [
         None,
         b"",
