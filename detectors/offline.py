@@ -47,7 +47,10 @@ def detect_table(
     """Replay a validated canonical table (``minder.core.table``) and collect the alerts."""
     factory = factory or default_factory()
     run = DetectionRun()
-    for job, rows in table.groupby("job", observed=True, sort=True):
+    jobs = table["job"].cat.remove_unused_categories().cat.categories
+    # groupby copies every job's rows; a table of one job (the usual case) is used as it is.
+    parts = [(jobs[0], table)] if len(jobs) == 1 else table.groupby("job", observed=True, sort=True)
+    for job, rows in parts:
         alerts, covered = _detect_job(str(job), rows, factory, progress)
         run.alerts.extend(alerts)
         run.jobs[str(job)] = covered
