@@ -97,16 +97,21 @@ def _detect_job(
     row_series = series_ids[first_of_pair]
 
     alerts: list[Alert] = []
-    start, end = int(secs[0]), int(secs[-1])
-    bounds = np.searchsorted(secs, np.arange(start, end + 2))
-    total = end - start + 1
-    for i, sec in enumerate(range(start, end + 1)):
+    # Only seconds with data, and the window's horizon after each: a stray early row must not
+    # make the replay walk every empty second in between (the service jumps such gaps too).
+    data_secs, starts = np.unique(secs, return_index=True)
+    bounds = np.append(starts, len(secs))
+    total = int(data_secs[-1] - data_secs[0] + 1)
+    done = 0
+    for i, sec in enumerate(data_secs.tolist()):
         lo, hi = bounds[i], bounds[i + 1]
-        if hi > lo:
-            window.add_arrays(sec, row_machine[lo:hi], row_series[lo:hi], values[lo:hi])
-        alerts.extend(detector.evaluate(window, sec))
-        if progress is not None and (i % 60 == 0 or sec == end):
-            progress(job, i + 1, total)
+        window.add_arrays(sec, row_machine[lo:hi], row_series[lo:hi], values[lo:hi])
+        following = int(data_secs[i + 1]) if i + 1 < len(data_secs) else sec + 1
+        for now in range(sec, min(following, sec + window.horizon_s)):
+            alerts.extend(detector.evaluate(window, now))
+        done = min(total, following - int(data_secs[0]))
+        if progress is not None and (i % 60 == 0 or i == len(data_secs) - 1):
+            progress(job, done, total)
     covered = {
         "machines": float(window.n_machines),
         "series": float(window.n_series),

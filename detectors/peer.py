@@ -89,18 +89,18 @@ class PeerDetector:
     def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
         """Run rules and peer scoring at second ``now``; return the alerts that fire."""
         cfg = self.config
-        if window.n_machines < cfg.min_machines:
-            if not self._skipped_logged:
-                logger.info(
-                    "job %s has %d machine(s): fewer than %d, so no peers to compare; skipped",
-                    window.job,
-                    window.n_machines,
-                    cfg.min_machines,
-                )
-                self._skipped_logged = True
-            return []
+        with_peers = window.n_machines >= cfg.min_machines
+        if not with_peers and not self._skipped_logged:
+            logger.info(
+                "job %s has %d machine(s): fewer than %d, so no peers to compare; only the "
+                "hard-fault rules that need no peers run",
+                window.job,
+                window.n_machines,
+                cfg.min_machines,
+            )
+            self._skipped_logged = True
         fired: list[Finding] = []
-        for finding in _merge_devices(evaluate_rules(window, now, cfg)):
+        for finding in _merge_devices(evaluate_rules(window, now, cfg, with_peers=with_peers)):
             key = (finding.machine, finding.family)
             if not self._touch(key, now):
                 continue
@@ -110,7 +110,7 @@ class PeerDetector:
                 fired.append(finding)
         fired += self._settle(window, now)
         busy = {m for (m, family) in self._active if family in _RULE_FAMILIES}
-        scored = _strongest_per_machine(self._score(window, now))
+        scored = _strongest_per_machine(self._score(window, now)) if with_peers else []
         for finding in scored:
             new = self._touch((finding.machine, finding.family), now)
             if new and finding.machine not in busy:

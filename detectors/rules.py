@@ -1,8 +1,8 @@
 """Immediate rules for hard faults: XID/ECC, GPU lost, NIC link down, PCIe downgrade, NVLink and
 symbol errors, and silence of a machine whose peers still report.
 
-Each rule reads the job window at one second and returns :class:`Finding` objects; none keeps
-state, so the detector can evaluate any second in any order.
+Each rule reads the job window at one second and returns :class:`Finding` objects. They keep no
+state of their own; only the events rule consumes the window's pending events.
 """
 
 from __future__ import annotations
@@ -26,30 +26,51 @@ _EVENT_RULES: dict[EventKind, tuple[str, str]] = {
 }
 
 
-def evaluate_rules(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
-    """Every hard-fault finding at second ``now``."""
+def evaluate_rules(
+    window: JobWindow, now: int, config: DetectorConfig, *, with_peers: bool = True
+) -> list[Finding]:
+    """Every hard-fault finding at second ``now``.
+
+    ``with_peers=False`` (a job too small to have peers) runs only the rules that need none:
+    events, error counts, a lost GPU, a port down; not the PCIe-below-peers and silence rules.
+    """
+    xid_events: set[tuple[int, str]] = set()
     findings: list[Finding] = []
-    findings += event_findings(window, now, config)
-    findings += count_findings(window, now, "gpu_xid_count", "gpu_fatal", "xid")
+    findings += event_findings(window, now, config, xid_events)
+    # The count carries no XID code: where the agent also sent the XID events (with codes, so
+    # application XIDs are already filtered), the count adds nothing.
+    findings += [
+        f
+        for f in count_findings(window, now, "gpu_xid_count", "gpu_fatal", "xid")
+        if (f.machine, f.devices[0]) not in xid_events
+    ]
     findings += count_findings(window, now, "gpu_ecc_dbe_count", "gpu_fatal", "ecc_dbe")
     findings += count_findings(window, now, "rdma_link_downed_count", "nic", "link_downed")
     findings += port_down_findings(window, now)
     findings += lost_gpu_findings(window, now, config)
-    for metric in ("gpu_pcie_link_width", "gpu_pcie_link_gen"):
-        findings += level_below_peers_findings(window, now, metric, config)
     findings += repeated_error_findings(window, now, "gpu_nvlink_error_count", "nvlink", config)
     findings += repeated_error_findings(window, now, "rdma_symbol_error_count", "nic", config)
-    findings += silence_findings(window, now, config)
+    if with_peers:
+        for metric in ("gpu_pcie_link_width", "gpu_pcie_link_gen"):
+            findings += level_below_peers_findings(window, now, metric, config)
+        findings += silence_findings(window, now, config)
     return findings
 
 
-def event_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
-    """Events the agent reported (XID with its code, GPU lost, link down …)."""
+def event_findings(
+    window: JobWindow, now: int, config: DetectorConfig, xid_devices: set[tuple[int, str]]
+) -> list[Finding]:
+    """Events the agent reported (XID with its code, GPU lost, link down …).
+
+    Adds to ``xid_devices`` each ``(machine, device)`` that reported an XID event, benign or not.
+    """
     out = []
     for pending in window.take_events(now):
         event = pending.event
-        if event.kind is EventKind.XID and event.code in config.benign_xids:
-            continue
+        if event.kind is EventKind.XID:
+            xid_devices.add((pending.machine, event.device))
+            if event.code in config.benign_xids:
+                continue
         family, metric = _EVENT_RULES[event.kind]
         evidence = {"rule": f"event:{event.kind.value}", "code": event.code, "ts": event.ts}
         if event.message:

@@ -223,8 +223,12 @@ def serve() -> None:
     configure_logging(settings.log_level)
     try:
         stack = build_stack(settings)
+    except MinderError as exc:
+        raise _fail(exc) from None
+    try:
         stack.start()
     except MinderError as exc:
+        stack.stop()
         raise _fail(exc) from None
     err.print(f"Minder is serving on {stack.api_url} (API /api/v1, metrics /metrics); Ctrl-C stops")
     try:

@@ -102,8 +102,8 @@ def run_demo(
         settings.database.url = database_url or f"sqlite:///{workdir / 'minder.db'}"
         settings.api.port = port or free_port()
         stack: Stack = build_stack(settings)
+        cleanup.callback(stack.stop)  # also when the start fails half-way
         stack.start()
-        cleanup.callback(stack.stop)
         api_url = f"{stack.api_url}/api/v1"
         metrics_url = f"{stack.api_url}/metrics"
         if on_ready is not None:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from minder.api.whatif_inputs import ScratchSpace
 from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
+from minder.storage.engine import read_only
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +62,14 @@ def get_context(request: Request) -> ApiContext:
 Context = Annotated[ApiContext, Depends(get_context)]
 
 
-def get_session(context: Context) -> Iterator[Session]:
-    """A session for one request; routes that write commit it themselves."""
+def get_session(context: Context, request: Request) -> Iterator[Session]:
+    """A session for one request; routes that write commit it themselves.
+
+    Reads (GET, HEAD) get a read-only session, which on SQLite never holds the write lock.
+    """
     with context.session_factory() as session:
+        if request.method in ("GET", "HEAD"):
+            read_only(session)
         yield session
 
 

@@ -192,6 +192,23 @@ def _expand_glob(raw: str, roots: Sequence[Path]) -> list[Path]:
     raise ValidationError(f"path {raw!r} matches no file on the server")
 
 
+def _refuse_unsafe(name: str, value: str | None) -> None:
+    """Refuse NUL bytes and ``..`` components before any path is resolved or globbed.
+
+    A glob with ``..`` after its first wildcard would walk out of the roots while matching, and
+    the answer (a match or none) would tell a client which files exist elsewhere.
+    """
+    if value is None:
+        return
+    if "\x00" in value:
+        raise ValidationError(f"{name} contains a NUL byte: expected a file path")
+    if ".." in Path(value).parts:
+        raise PathNotAllowedError(
+            f"{name} {value!r} has a '..' component, refused because it could lead outside the "
+            "directories this server may read"
+        )
+
+
 def resolve_server_inputs(path: str, meta: str | None, roots: Sequence[Path] | None) -> TraceInputs:
     """The inputs named by server paths, each checked to lie under ``roots``.
 
@@ -214,6 +231,8 @@ def resolve_server_inputs(path: str, meta: str | None, roots: Sequence[Path] | N
         )
     if not path.strip():
         raise ValidationError("path is empty: expected a trace file, a directory or a glob")
+    for name, value in (("path", path), ("meta", meta)):
+        _refuse_unsafe(name, value)
     if _MAGIC.search(path):
         files = _expand_glob(path, roots)
         in_dir_metas: list[Path] = []

@@ -74,7 +74,7 @@ class Alert:
     ----------
     machine
         The culprit machine, or the domain name for a domain-wide alert (then ``domain`` is set
-        and ``evidence["machines"]`` lists the machines).
+        and ``evidence["domain_members"]`` lists the machines).
     devices
         Devices of the machine that deviate (``gpu3``, ``mlx5_1``), empty for host-level faults.
     score

@@ -39,6 +39,8 @@ _MAX_CHECKED_PAIRS = 1_000_000
 _layout_bounds: dict[tuple[tuple[Any, ...], tuple[Any, ...]], tuple[np.ndarray, np.ndarray]] = {}
 _MAX_LAYOUTS = 65_536
 _NUMBER_TYPES = frozenset({float, int})
+MIN_TS = 0.0
+MAX_TS = 4_102_444_800.0  # 2100-01-01: beyond it a timestamp is a broken clock, not data
 
 
 def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
@@ -123,6 +125,10 @@ def batch_from_dict(data: Any) -> NodeBatch:
     job = _text(data, "job")
     node = _text(data, "node")
     ts = _number(data, "ts")
+    if not MIN_TS < ts < MAX_TS:
+        raise DecodeError(
+            f"field 'ts' is {ts!r}: expected unix seconds between {MIN_TS:.0f} and {MAX_TS:.0f}"
+        )
     interval_s = _number(data, "interval_s", default=1.0)
     if interval_s <= 0:
         raise DecodeError(f"field 'interval_s' is {interval_s!r}: expected a positive number")
@@ -186,7 +192,10 @@ def _columns(raw: Any) -> list[Sample]:
     if not names:
         return []
     layout = (tuple(names), tuple(devices))
-    bounds = _layout_bounds.get(layout)
+    try:
+        bounds = _layout_bounds.get(layout)
+    except TypeError:  # an unhashable name or device: the exact check says which
+        bounds = None
     if bounds is None or not set(map(type, values)) <= _NUMBER_TYPES:
         # First sight of this layout, or a value that is not a plain number: the exact check
         # names the offending sample.
@@ -209,7 +218,10 @@ def _samples(raw: Any) -> list[Sample]:
         names, devices, values = zip(*raw, strict=True)
     except (TypeError, ValueError):
         return _samples_checked(raw)
-    bounds = _layout_bounds.get((names, devices))
+    try:
+        bounds = _layout_bounds.get((names, devices))
+    except TypeError:  # an unhashable name or device: the exact check says which
+        bounds = None
     if bounds is None:
         return _samples_checked(raw)  # raises on the first bad sample, else learns the layout
     if not set(map(type, values)) <= _NUMBER_TYPES:
@@ -231,7 +243,11 @@ def _samples_checked(raw: list[Any]) -> list[Sample]:
             raise DecodeError(
                 f"samples[{i}] is {item!r}: expected [metric, device, value]"
             ) from None
-        spec = checked.get((name, device)) if isinstance(name, str) else None
+        spec = (
+            checked.get((name, device))
+            if isinstance(name, str) and isinstance(device, str)
+            else None
+        )
         if spec is None:
             spec = _check_pair(i, name, device)
         # Exact class checks refuse bools and strings; the finite upper bound refuses inf and NaN.

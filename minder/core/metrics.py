@@ -9,11 +9,13 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import sys
 from dataclasses import dataclass
 from enum import StrEnum
 
 from minder.core.errors import UnknownMetricError, ValidationError
+
+FLOAT32_MAX = 3.0e38
+"""Largest value accepted: windows hold float32, and anything larger would become infinite."""
 
 
 class MetricKind(StrEnum):
@@ -60,7 +62,7 @@ class MetricSpec:
     family: DeviceFamily
     description: str
     lower: float = 0.0
-    upper: float = sys.float_info.max
+    upper: float = FLOAT32_MAX
 
 
 def _m(
@@ -69,7 +71,7 @@ def _m(
     kind: MetricKind,
     family: DeviceFamily,
     description: str,
-    upper: float = sys.float_info.max,
+    upper: float = FLOAT32_MAX,
 ) -> MetricSpec:
     return MetricSpec(name, unit, kind, family, description, 0.0, upper)
 

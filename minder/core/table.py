@@ -75,6 +75,15 @@ def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
     for column in ("ts", "value"):
         out[column] = _numeric_column(frame[column], column)
+    outside = np.flatnonzero((out["ts"] <= 0) | (out["ts"] >= 4_102_444_800.0))
+    if outside.size:
+        row = int(outside[0])
+        raise TableError(
+            f"timestamp {out['ts'].iloc[row]!r} is not plausible: expected unix seconds between "
+            "1970 and 2100",
+            column="ts",
+            row=row,
+        )
     for column in _TEXT_COLUMNS:
         if column in frame.columns:
             values = _stripped_category(frame[column])

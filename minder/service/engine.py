@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow
 from minder.core.alert import Alert
@@ -108,6 +110,7 @@ class DetectionService:
         store: StateStore | None = None,
         persist_every_s: int = 5,
         idle_job_s: float = 900.0,
+        max_future_s: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.factory = factory
@@ -117,7 +120,13 @@ class DetectionService:
         self.store = store
         self.persist_every_s = persist_every_s
         self.idle_job_s = idle_job_s
+        self.max_future_s = max_future_s
         self.clock = clock
+        # Alerts the store could not take yet: retried every tick, so none is lost to a
+        # passing database outage (the detector raises each fault once).
+        self._unstored: list[Alert] = []
+        self.max_unstored = 10_000
+        self._future_nodes: set[tuple[str, str]] = set()
         self.jobs: dict[str, JobState] = {}
         self.alerts: list[Alert] = []
         """Every new alert this service raised, oldest first (bounded by ``max_kept``)."""
@@ -131,6 +140,22 @@ class DetectionService:
         now_wall = self.clock()
         newest_ts = -math.inf
         for batch in batches:
+            if batch.ts > now_wall + self.max_future_s:
+                # One node with a clock far ahead would drag its job's watermark forward and make
+                # every other node's samples "too old": refuse it, count it, say so once.
+                self.metrics.batches_rejected.labels(reason="future_timestamp").inc()
+                if (batch.job, batch.node) not in self._future_nodes:
+                    self._future_nodes.add((batch.job, batch.node))
+                    logger.warning(
+                        "job %s node %s sent ts %.0f, %.0f s ahead of this clock (more than %.0f):"
+                        " refused until its clock is fixed",
+                        batch.job,
+                        batch.node,
+                        batch.ts,
+                        batch.ts - now_wall,
+                        self.max_future_s,
+                    )
+                continue
             state = self.jobs.get(batch.job)
             if state is None:
                 detector = self.factory()
@@ -152,6 +177,7 @@ class DetectionService:
     # -- detection --------------------------------------------------------------------------
     def tick(self) -> list[Alert]:
         """Evaluate every job up to its watermark; return the new alerts."""
+        self._retry_unstored()
         new_alerts: list[Alert] = []
         for job, state in list(self.jobs.items()):
             if self.clock() - state.last_batch_wall > self.idle_job_s:
@@ -166,7 +192,18 @@ class DetectionService:
         window = state.window
         if window.newest_sec == NEVER:
             return []
-        watermark = window.newest_sec - math.ceil(self.grace_s)
+        # The job's "now" is where most machines are, not the newest timestamp seen: a node whose
+        # clock runs ahead must not drag the evaluation (and the others' samples) behind it.
+        last_seen = window.machine_last_seen()
+        known = last_seen[last_seen != NEVER]
+        newest = min(window.newest_sec, int(np.percentile(known, 90))) if known.size else NEVER
+        if newest == NEVER:
+            return []
+        watermark = newest - math.ceil(self.grace_s)
+        if self.clock() - state.last_batch_wall > self.grace_s + 1.0:
+            # Nothing arrived for longer than the grace: nothing late is coming either, so the
+            # job's last seconds are evaluated now instead of waiting for data that may never come.
+            watermark = newest
         start = state.evaluated_sec + 1
         if state.evaluated_sec == NEVER or watermark - start >= window.horizon_s:
             # First evaluation, or a gap longer than the window: nothing older is still held.
@@ -190,8 +227,13 @@ class DetectionService:
             try:
                 alert, created = self.store.record_alert(alert)
             except Exception:
-                logger.exception("could not store alert %s (%s)", alert.id, alert.key)
+                logger.exception(
+                    "could not store alert %s (%s); delivering it and retrying the store",
+                    alert.id,
+                    alert.key,
+                )
                 self.metrics.alert_deliveries.labels(sink="store", outcome="error").inc()
+                self._keep_unstored(alert)
                 created = True  # better a duplicate downstream than a lost alert
             else:
                 self.metrics.alert_deliveries.labels(sink="store", outcome="ok").inc()
@@ -219,6 +261,26 @@ class DetectionService:
             else:
                 self.metrics.alert_deliveries.labels(sink=sink.name, outcome="accepted").inc()
         return alert
+
+    def _keep_unstored(self, alert: Alert) -> None:
+        self._unstored.append(alert)
+        if len(self._unstored) > self.max_unstored:
+            dropped = self._unstored.pop(0)
+            logger.error("too many alerts waiting for the store: alert %s dropped", dropped.id)
+            self.metrics.alert_deliveries.labels(sink="store", outcome="dropped").inc()
+
+    def _retry_unstored(self) -> None:
+        if not self._unstored or self.store is None:
+            return
+        waiting, self._unstored = self._unstored, []
+        for index, alert in enumerate(waiting):
+            try:
+                self.store.record_alert(alert)
+            except Exception as exc:
+                logger.warning("store still failing (%s); %d alert(s) wait", exc, len(waiting))
+                self._unstored = waiting[index:] + self._unstored
+                return
+            self.metrics.alert_deliveries.labels(sink="store", outcome="ok").inc()
 
     # -- state ------------------------------------------------------------------------------
     def snapshot(self, job: str) -> JobSnapshot:

@@ -37,6 +37,9 @@ class DetectionWorker:
     def poll(self, timeout_ms: int = 500) -> None:
         """One poll: consume, detect, commit, and bring the exported counters up to date."""
         self.consumer.poll_once(self._handle, timeout_ms)
+        # Also when the poll brought nothing: idle jobs retire, stored-alert retries run, and a
+        # job whose data stopped gets its last seconds evaluated.
+        self.service.tick()
         self.polls += 1
         self._export_counters()
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 import httpx
+import orjson
 
 from minder.core.alert import Alert
 from minder.service.engine import JobSnapshot
@@ -86,7 +87,9 @@ class WebhookSink:
         self.urls = list(urls)
         self.retries = retries
         self.metrics = metrics
-        self._queue: queue.Queue[Alert | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Alert] = queue.Queue(maxsize=max_queue)
+        self._stopping = threading.Event()
+        self._deadline: float | None = None
         self._client = client or httpx.Client(timeout=timeout_s)
         self._thread = threading.Thread(target=self._run, name="minder-webhooks", daemon=True)
         self._thread.start()
@@ -101,39 +104,58 @@ class WebhookSink:
                     dropped = self._queue.get_nowait()
                 except queue.Empty:
                     continue
-                if dropped is not None:
-                    logger.error("webhook queue full: alert %s dropped", dropped.id)
-                    self._count("dropped")
+                logger.error("webhook queue full: alert %s dropped", dropped.id)
+                self._count("dropped")
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (up to ``timeout_s``) and stop."""
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-        self._client.close()
+        """Deliver what is queued within ``timeout_s``, then stop; the rest is dropped, counted."""
+        self._deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        self._thread.join(timeout_s + 1.0)
+        left = self._queue.qsize()
+        if left:
+            logger.error("webhook sink stopped with %d alert(s) undelivered", left)
+            for _ in range(left):
+                self._count("dropped")
+        if not self._thread.is_alive():
+            self._client.close()
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() > self._deadline
 
     def _run(self) -> None:
-        while True:
-            alert = self._queue.get()
-            if alert is None:
-                return
+        while not (self._stopping.is_set() and (self._queue.empty() or self._past_deadline())):
+            try:
+                alert = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
             for url in self.urls:
-                self._post(url, alert)
+                try:
+                    self._post(url, alert)
+                except Exception:  # a bad URL or payload must not kill the delivery thread
+                    logger.exception("webhook %s: alert %s not delivered", url, alert.id)
+                    self._count("failed")
 
     def _post(self, url: str, alert: Alert) -> None:
-        payload = alert.to_dict()
+        # orjson writes NaN as null and takes numpy values: evidence is not always sanitised.
+        payload = orjson.dumps(alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY)
+        headers = {"Content-Type": "application/json"}
         for attempt in range(1, self.retries + 1):
             try:
-                response = self._client.post(url, json=payload)
+                response = self._client.post(url, content=payload, headers=headers)
                 response.raise_for_status()
             except httpx.HTTPError as exc:
                 logger.warning(
                     "webhook %s attempt %d for alert %s: %s", url, attempt, alert.id, exc
                 )
-                time.sleep(min(0.5 * 2**attempt, 5.0))
+                if attempt < self.retries and not self._past_deadline():
+                    self._stopping.wait(min(0.5 * 2**attempt, 5.0))
+                    continue
+                break
             else:
                 self._count("delivered")
                 return
-        logger.error("webhook %s gave up on alert %s after %d attempts", url, alert.id, attempt)
+        logger.error("webhook %s gave up on alert %s after %d attempt(s)", url, alert.id, attempt)
         self._count("failed")
 
     def _count(self, outcome: str) -> None:

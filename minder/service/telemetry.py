@@ -24,6 +24,12 @@ class ServiceMetrics:
         self.samples = Counter(
             "minder_samples_consumed_total", "Metric samples placed in job windows", registry=r
         )
+        self.batches_rejected = Counter(
+            "minder_batches_rejected_total",
+            "Decoded batches refused by the service (e.g. timestamps far in the future)",
+            ["reason"],
+            registry=r,
+        )
         self.samples_too_old = Counter(
             "minder_samples_too_old_total",
             "Samples older than the job window's horizon (counted, not scored)",

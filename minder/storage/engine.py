@@ -102,7 +102,10 @@ def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only sessions (see read_only) begin DEFERRED, so an open read never holds the
+        # write lock the detection loop is waiting for.
+        mode = connection.get_execution_options().get(BEGIN_OPTION, "IMMEDIATE")
+        connection.exec_driver_sql(f"BEGIN {mode}")
 
 
 def _enable_wal(cursor: Any) -> None:
@@ -122,6 +125,20 @@ def _enable_wal(cursor: Any) -> None:
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
+
+
+BEGIN_OPTION = "minder_sqlite_begin"
+"""Execution option naming how a SQLite transaction begins (``IMMEDIATE`` unless told)."""
+
+
+def read_only(session: Session) -> Session:
+    """Mark ``session`` as read-only before its first statement.
+
+    On SQLite its transaction then begins ``DEFERRED``: readers no longer queue behind, or block,
+    writers (WAL). Other databases ignore the option.
+    """
+    session.connection(execution_options={BEGIN_OPTION: "DEFERRED"})
+    return session
 
 
 def session_factory(engine: Engine) -> SessionFactory:

@@ -7,7 +7,7 @@ import logging
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from minder.storage.engine import SessionFactory
+from minder.storage.engine import SessionFactory, read_only
 from minder.storage.migrate import schema_is_current
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ def database_status(factory: SessionFactory) -> dict[str, bool]:
     """
     try:
         with factory() as session:
-            session.execute(text("SELECT 1"))
+            read_only(session).execute(text("SELECT 1"))
             bind = session.get_bind()
     except SQLAlchemyError as exc:
         logger.warning("database unreachable: %s", exc)

@@ -89,14 +89,18 @@ def test_heavier_last_stage_is_compared_within_its_group(run_stream) -> None:
     assert run_stream(machines=16, seconds=90, mutate=mutate, groups=4) == []
 
 
-def test_job_with_too_few_machines_is_skipped(run_stream, caplog) -> None:
+def test_job_with_too_few_machines_skips_peers_but_not_hard_faults(run_stream, caplog) -> None:
     def mutate(m, sec, s):
-        if m == 0:
+        if m == 0 and sec == 1005:
             s[("gpu_xid_count", "gpu0")] = 1.0
+        if m == 1:  # a deviation that peer scoring would flag in a larger job
+            for g in range(4):
+                s[("gpu_power_watts", f"gpu{g}")] *= 0.3
         return s
 
     with caplog.at_level("INFO"):
-        assert run_stream(machines=3, seconds=10, mutate=mutate) == []
+        alerts = run_stream(machines=3, seconds=60, mutate=mutate)
+    assert [(a.machine, a.metric) for a in alerts] == [("m000", "gpu_xid_count")]
     assert "fewer than 4" in caplog.text
 
 

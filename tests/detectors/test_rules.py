@@ -153,3 +153,19 @@ def test_switch_outage_is_one_domain_alert(run_stream) -> None:
     a = alerts[0]
     assert a.machine == "leaf-1" and a.domain == "leaf-1" and a.kind is AlertKind.SILENCE
     assert a.evidence["domain_members"] == [f"m{m:03d}" for m in range(8, 16)]
+
+
+def test_an_application_xid_is_not_alerted_through_its_count(make_window) -> None:
+    detector = PeerDetector()
+    window: JobWindow = make_window(machines=8, seconds=5)
+    window.add_batch(
+        NodeBatch(
+            "job",
+            "m002",
+            1005.5,
+            samples=[("gpu_xid_count", "gpu1", 1.0)],
+            events=[Event(EventKind.XID, "gpu1", 1005.2, code=13)],
+        )
+    )
+    make_window(machines=8, seconds=1, start=1005, window=window, seed=9)
+    assert detector.evaluate(window, 1005) == []

@@ -311,6 +311,18 @@ def test_server_paths_outside_the_root_are_refused_with_403(
     assert client.get("/api/v1/whatif").json()["total"] == 0
 
 
+def test_globs_cannot_probe_outside_the_root_and_nul_bytes_are_refused(
+    client: TestClient, tmp_path: Path
+) -> None:
+    (tmp_path / "secret.txt").write_text("x")
+    for probe in ("st/../../secret.tx[t]", "*/../../secret.txt", "*/../../absent.txt"):
+        response = client.post("/api/v1/whatif", json={"path": probe})
+        assert response.status_code == 403, (probe, response.text)
+        assert "secret" not in response.json()["detail"].replace(repr(probe), "")
+    response = client.post("/api/v1/whatif", json={"path": "st/trace\u0000.parquet"})
+    assert response.status_code == 422 and "NUL" in response.json()["detail"]
+
+
 def test_missing_or_unusable_server_paths_are_refused_with_422(client: TestClient) -> None:
     for body, message in (
         ({"path": "st/nope.parquet"}, "path 'st/nope.parquet' does not exist on the server"),

@@ -71,6 +71,8 @@ def _envelope(**changes: object) -> dict[str, object]:
         (orjson.dumps(_envelope(schema=2)), "'schema' is 2: expected 1"),
         (orjson.dumps(_envelope(job="")), "'job' is '': expected a non-empty string"),
         (orjson.dumps(_envelope(ts="soon")), "'ts' is 'soon': expected a finite number"),
+        (orjson.dumps(_envelope(ts=-1e19)), "expected unix seconds between"),
+        (orjson.dumps(_envelope(samples=[["gpu_util_ratio", ["gpu0"], 0.5]])), "two strings"),
         (orjson.dumps(_envelope(interval_s=0)), "expected a positive number"),
         (orjson.dumps(_envelope(labels={"rack": 3})), "map of strings to strings"),
         (orjson.dumps(_envelope(samples={"a": 1})), "expected a list"),
@@ -136,3 +138,10 @@ def test_a_bad_value_in_a_known_layout_is_still_refused() -> None:
     bad.samples[0] = ("gpu_util_ratio", "gpu0", 3.0)
     with pytest.raises(DecodeError, match=r"samples\[0\] gpu_util_ratio\{gpu0\} has value 3.0"):
         decode_batch(encode_batch(bad))
+
+
+def test_unhashable_names_in_columns_are_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="two strings"):
+        decode_batch(
+            _columns(metric=[["gpu_util_ratio"], *batch_to_dict(_batch())["columns"]["metric"][1:]])
+        )

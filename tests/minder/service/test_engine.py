@@ -84,3 +84,77 @@ def test_processing_lag_is_wall_clock_minus_newest_sample() -> None:
     service = _service(clock)
     service.ingest([NodeBatch("j", "n1", clock.now - 3.5, samples=[("cpu_util_ratio", "", 0.5)])])
     assert service.metrics.registry.get_sample_value("minder_processing_lag_seconds") == 3.5
+
+
+def test_batches_from_a_clock_far_ahead_are_refused_and_counted() -> None:
+    clock = Clock()
+    service = _service(clock)
+    good = [NodeBatch("j", f"n{i}", clock.now - 5, samples=[("cpu_util_ratio", "", 0.5)])
+            for i in range(5)]  # fmt: skip
+    ahead = NodeBatch("j", "n9", clock.now + 1e7, samples=[("cpu_util_ratio", "", 0.5)])
+    assert service.ingest([*good, ahead]) == 5
+    assert service.jobs["j"].window.newest_sec == int(clock.now - 5)
+    assert (
+        service.metrics.registry.get_sample_value(
+            "minder_batches_rejected_total", {"reason": "future_timestamp"}
+        )
+        == 1
+    )
+
+
+def test_last_seconds_are_evaluated_once_the_data_stops() -> None:
+    clock = Clock()
+    service = _service(clock)
+    for sec in range(10):
+        service.ingest([NodeBatch("j", f"n{i}", 1000.5 + sec, samples=[("cpu_util_ratio", "", 0.5)])
+                        for i in range(5)])  # fmt: skip
+        service.tick()
+    assert service.jobs["j"].evaluated_sec == 1007  # 1009 minus the 2 s grace
+    clock.now += 5  # nothing arrives for longer than the grace
+    service.tick()
+    assert service.jobs["j"].evaluated_sec == 1009
+
+
+def test_an_alert_the_store_refused_is_stored_on_a_later_tick() -> None:
+    from minder.core.alert import Alert, AlertKind
+
+    class FlakyStore:
+        def __init__(self) -> None:
+            self.fail = True
+            self.stored: list[Alert] = []
+
+        def record_alert(self, alert: Alert) -> tuple[Alert, bool]:
+            if self.fail:
+                raise ConnectionError("database restarting")
+            self.stored.append(alert)
+            return alert, True
+
+        def save_job(self, job) -> None:
+            pass
+
+    store = FlakyStore()
+    service = DetectionService(default_factory(), store=store,  # type: ignore[arg-type]
+                               metrics=ServiceMetrics(CollectorRegistry()))  # fmt: skip
+    alert = Alert("j", "n1", AlertKind.RULE, "gpu_xid_count", 1.0, 100.0, 100.0)
+    assert service._deliver(alert) is alert  # delivered downstream although not stored
+    assert store.stored == []
+    service.tick()
+    assert store.stored == []  # still failing: kept
+    store.fail = False
+    service.tick()
+    assert [a.id for a in store.stored] == [alert.id]
+
+
+def test_a_node_with_a_fast_clock_does_not_drag_the_job_ahead() -> None:
+    clock = Clock()
+    service = _service(clock)
+    for sec in range(20):
+        ts = clock.now - 30 + sec
+        batches = [NodeBatch("j", f"n{i}", ts, samples=[("cpu_util_ratio", "", 0.5)])
+                   for i in range(9)]  # fmt: skip
+        batches.append(NodeBatch("j", "fast", ts + 8, samples=[("cpu_util_ratio", "", 0.5)]))
+        service.ingest(batches)
+        service.tick()
+    state = service.jobs["j"]
+    assert state.evaluated_sec == int(clock.now - 30 + 19) - 2
+    assert state.window.stats.too_old == 0

@@ -133,3 +133,31 @@ def test_store_dedups_so_the_service_raises_a_fault_once(tmp_path: Path) -> None
         ("n1", "gpu_power_watts"),
         ("n1", "cpu_util_ratio"),
     }
+
+
+def test_a_bad_url_or_payload_does_not_stop_later_deliveries(receiver: str) -> None:
+    metrics = ServiceMetrics(CollectorRegistry())
+    sink = WebhookSink(["http://[::1/bad", receiver], metrics=metrics, retries=1)
+    odd = _alert("n1")
+    odd.evidence = {"z": float("nan"), "when": [1.0, float("inf")]}
+    try:
+        sink.deliver(odd)
+        sink.deliver(_alert("n2"))
+        _wait(lambda: len(Receiver.received) == 2)
+    finally:
+        sink.close()
+    assert Receiver.received[0]["evidence"] == {"z": None, "when": [1.0, None]}
+    assert metrics.alert_deliveries.labels(sink="webhook", outcome="failed")._value.get() == 2
+
+
+def test_close_returns_in_time_with_a_dead_webhook_and_counts_the_undelivered() -> None:
+    metrics = ServiceMetrics(CollectorRegistry())
+    sink = WebhookSink(["http://127.0.0.1:9/dead"], metrics=metrics, retries=5, max_queue=50)
+    for i in range(50):
+        sink.deliver(_alert(f"n{i}"))
+    began = time.monotonic()
+    sink.close(timeout_s=1.0)
+    assert time.monotonic() - began < 5.0
+    failed = metrics.alert_deliveries.labels(sink="webhook", outcome="failed")._value.get()
+    dropped = metrics.alert_deliveries.labels(sink="webhook", outcome="dropped")._value.get()
+    assert failed + dropped == 50

@@ -122,3 +122,22 @@ def test_service_and_api_threads_share_a_sqlite_file(tmp_path: Path) -> None:
     assert all(not thread.is_alive() for thread in threads)
     with sessions() as session:
         assert list_alerts(session, status="acknowledged", limit=1)[1] == n
+
+
+def test_an_open_read_only_session_does_not_block_writers_on_sqlite(tmp_path) -> None:
+    import time
+
+    from minder.storage import create_engine_for, session_factory, upgrade_database
+    from minder.storage.engine import read_only
+    from minder.storage.jobs import list_jobs, upsert_job_machines
+
+    engine = create_engine_for(f"sqlite:///{tmp_path / 'ro.db'}")
+    upgrade_database(engine)
+    sessions = session_factory(engine)
+    reader = read_only(sessions())
+    list_jobs(reader)  # a read transaction stays open, like an API request in flight
+    began = time.monotonic()
+    with sessions.begin() as writer:
+        upsert_job_machines(writer, "j", [{"name": "n1"}], 1.0)
+    assert time.monotonic() - began < 1.0
+    reader.close()
