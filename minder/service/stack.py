@@ -23,7 +23,7 @@ from minder.service.engine import AlertSink, DetectionService
 from minder.service.runner import DetectionWorker
 from minder.service.sinks import KafkaAlertSink, SqlStateStore, WebhookSink
 from minder.service.telemetry import ServiceMetrics
-from minder.storage.engine import create_engine_for, session_factory
+from minder.storage.engine import Engine, create_engine_for, session_factory
 from minder.storage.migrate import upgrade_database
 from minder.stream.consumer import BatchConsumer
 from minder.stream.producer import AlertPublisher
@@ -43,6 +43,7 @@ class Stack:
     app: Any
     publisher: AlertPublisher
     webhooks: WebhookSink | None = None
+    engine: Engine | None = None
     server: uvicorn.Server | None = None
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -84,6 +85,8 @@ class Stack:
         if self.webhooks is not None:
             self.webhooks.close()
         self.publisher.close()
+        if self.engine is not None:
+            self.engine.dispose()
 
 
 def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -> Stack:
@@ -104,11 +107,20 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
     publisher = AlertPublisher.from_settings(kafka)
     sinks: list[AlertSink] = [KafkaAlertSink(publisher)]
     webhooks = None
-    if settings.webhook.urls:
-        webhooks = WebhookSink(
-            settings.webhook.urls, timeout_s=settings.webhook.timeout_s, metrics=metrics
-        )
-        sinks.append(webhooks)
+    try:
+        if settings.webhook.urls:
+            webhooks = WebhookSink(
+                settings.webhook.urls, timeout_s=settings.webhook.timeout_s, metrics=metrics
+            )
+            sinks.append(webhooks)
+        consumer = BatchConsumer.from_settings(kafka)
+    except Exception:
+        # Nothing is running yet but these: close them rather than leak threads and sockets.
+        if webhooks is not None:
+            webhooks.close(timeout_s=1.0)
+        publisher.close()
+        engine.dispose()
+        raise
     service = DetectionService(
         default_factory(settings.detection.detector_config()),
         grace_s=settings.detection.grace_s,
@@ -116,7 +128,7 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         sinks=sinks,
         store=SqlStateStore(sessions),
     )
-    worker = DetectionWorker(BatchConsumer.from_settings(kafka), service)
+    worker = DetectionWorker(consumer, service)
     app = create_app(
         sessions,
         registry=metrics.registry,
@@ -127,4 +139,4 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         max_upload_bytes=settings.whatif.max_upload_bytes,
         whatif_workers=settings.whatif.workers,
     )
-    return Stack(settings, metrics, service, worker, app, publisher, webhooks)
+    return Stack(settings, metrics, service, worker, app, publisher, webhooks, engine)
