@@ -9,6 +9,7 @@ consumer can route it to the dead-letter topic.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -191,19 +192,10 @@ def _columns(raw: Any) -> list[Sample]:
         )
     if not names:
         return []
-    layout = (tuple(names), tuple(devices))
-    try:
-        bounds = _layout_bounds.get(layout)
-    except TypeError:  # an unhashable name or device: the exact check says which
-        bounds = None
-    if bounds is None or not set(map(type, values)) <= _NUMBER_TYPES:
-        # First sight of this layout, or a value that is not a plain number: the exact check
-        # names the offending sample.
+    samples = _known_layout(tuple(names), tuple(devices), values)
+    if samples is None:
         return _samples_checked([list(t) for t in zip(names, devices, values, strict=True)])
-    array = np.asarray(values, dtype=np.float64)
-    if not ((array >= bounds[0]) & (array <= bounds[1])).all():
-        return _samples_checked([list(t) for t in zip(names, devices, values, strict=True)])
-    return list(zip(names, devices, array.tolist(), strict=True))
+    return samples
 
 
 def _samples(raw: Any) -> list[Sample]:
@@ -218,17 +210,28 @@ def _samples(raw: Any) -> list[Sample]:
         names, devices, values = zip(*raw, strict=True)
     except (TypeError, ValueError):
         return _samples_checked(raw)
+    samples = _known_layout(names, devices, values)
+    return _samples_checked(raw) if samples is None else samples
+
+
+def _known_layout(
+    names: tuple[Any, ...], devices: tuple[Any, ...], values: Sequence[Any]
+) -> list[Sample] | None:
+    """Samples of an already validated layout whose values are plain numbers in range.
+
+    ``None`` means the exact per-sample check must decide (a new layout, an unhashable name, a
+    value that is not a plain number or out of range); it raises naming the offending sample,
+    or learns the layout.
+    """
     try:
         bounds = _layout_bounds.get((names, devices))
-    except TypeError:  # an unhashable name or device: the exact check says which
-        bounds = None
-    if bounds is None:
-        return _samples_checked(raw)  # raises on the first bad sample, else learns the layout
-    if not set(map(type, values)) <= _NUMBER_TYPES:
-        return _samples_checked(raw)
+    except TypeError:
+        return None
+    if bounds is None or not set(map(type, values)) <= _NUMBER_TYPES:
+        return None
     array = np.asarray(values, dtype=np.float64)
     if not ((array >= bounds[0]) & (array <= bounds[1])).all():
-        return _samples_checked(raw)
+        return None
     return list(zip(names, devices, array.tolist(), strict=True))
 
 
