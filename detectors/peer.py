@@ -230,8 +230,7 @@ class PeerDetector:
             top = np.maximum(np.take_along_axis(absz, device_idx[..., None], axis=2)[..., 0], 0)
             for j, metric in enumerate(bucket.metrics):
                 scores[metric] = (top[:, j], device_idx[:, j])
-                run = self._run_for(metric, n)
-                peak = self._run_peak[metric]
+                run, peak = self._runs_for(metric, n)
                 above = top[:, j] > cfg.threshold
                 run[:] = np.where(above, run + 1, 0)
                 peak[:] = np.where(above, np.maximum(peak, top[:, j]), 0.0)
@@ -259,7 +258,11 @@ class PeerDetector:
         self.last_scores = scores
         return findings
 
-    def _run_for(self, metric: str, n: int) -> np.ndarray:
+    def _runs_for(self, metric: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per machine, the seconds ``metric`` has been above threshold and the peak score since.
+
+        Both grow with the job's machines (a window never forgets one).
+        """
         run = self._runs.get(metric)
         if run is None or run.size < n:
             grown = np.zeros(n, dtype=np.int64)
@@ -268,8 +271,7 @@ class PeerDetector:
                 grown[: run.size] = run
                 peak[: run.size] = self._run_peak[metric]
             self._runs[metric], self._run_peak[metric] = grown, peak
-            run = grown
-        return run[:n] if run.size > n else run
+        return self._runs[metric], self._run_peak[metric]
 
     # -- alerts -----------------------------------------------------------------------------
     def _to_alert(self, window: JobWindow, finding: Finding, now: int) -> Alert:

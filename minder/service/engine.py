@@ -289,13 +289,13 @@ class DetectionService:
         window = state.window
         scores = state.detector.machine_scores()
         last_seen = window.machine_last_seen()
+        devices_of = {metric: window.columns_of(metric)[1] for metric in scores}
         machines = []
         for m, info in enumerate(window.machines):
             per_metric: dict[str, tuple[float, str]] = {}
             for metric, (tops, devs) in scores.items():
                 if m < len(tops):
-                    _cols, devices = window.columns_of(metric)
-                    d = devs[m]
+                    devices, d = devices_of[metric], devs[m]
                     per_metric[metric] = (float(tops[m]), devices[d] if d < len(devices) else "")
             best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
             machines.append(
