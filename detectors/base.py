@@ -32,8 +32,8 @@ DetectorFactory = Callable[[], JobDetector]
 
 
 def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:
-    """Factory of the default engine (:class:`detectors.peer.PeerDetector`)."""
-    from detectors.peer import PeerDetector  # noqa: PLC0415  (peer imports base's siblings)
+    """Factory of the default engine (:class:`detectors.engine.MinderDetector`)."""
+    from detectors.engine import MinderDetector  # noqa: PLC0415  (peer imports base's siblings)
 
     cfg = config or DetectorConfig()
-    return lambda: PeerDetector(cfg)
+    return lambda: MinderDetector(cfg)

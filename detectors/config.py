@@ -27,7 +27,7 @@ UNIT_FLOORS: dict[str, float] = {
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """Parameters of :class:`detectors.peer.PeerDetector`.
+    """Parameters of :class:`detectors.engine.MinderDetector`.
 
     Attributes
     ----------
@@ -39,6 +39,15 @@ class DetectorConfig:
     continuity_s
         Consecutive seconds a machine must stay an outlier before a similarity alert (Minder
         uses 4 minutes in batch; streaming lets us act sooner).
+    severe_threshold, severe_continuity_s
+        A deviation this large (a process that died, a GPU idle among busy peers) is confirmed
+        after this shorter run; it still outlasts a 15-second blip seen through the 8-second
+        window. Default: 4 x ``threshold`` and the shorter of 25 s and ``continuity_s``.
+    denoiser
+        Filter of every metric the model has no trained denoiser for (``mean``, ``median``,
+        ``ewma``; ``raw`` scores the window as measured).
+    untrusted_factor
+        Metrics the trained priority tree never used need this many times the threshold.
     silence_s
         Seconds without any sample from a machine, while its peers report, before a silence
         alert.
@@ -68,6 +77,10 @@ class DetectorConfig:
     window_s: int = 8
     threshold: float = 6.0
     continuity_s: int = 30
+    severe_threshold: float | None = None
+    severe_continuity_s: int | None = None
+    denoiser: str = "mean"
+    untrusted_factor: float = 1.5
     silence_s: float = 10.0
     min_machines: int = 4
     min_group: int = 4
@@ -82,7 +95,19 @@ class DetectorConfig:
     benign_xids: frozenset[int] = field(default=BENIGN_XIDS)
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "continuity_s", "min_machines", "min_group", "rearm_s"):
+        # Derived defaults follow the mild level, so setting only threshold/continuity is coherent.
+        if self.severe_threshold is None:
+            object.__setattr__(self, "severe_threshold", 4 * self.threshold)
+        if self.severe_continuity_s is None:
+            object.__setattr__(self, "severe_continuity_s", min(25, self.continuity_s))
+        for name in (
+            "window_s",
+            "continuity_s",
+            "severe_continuity_s",
+            "min_machines",
+            "min_group",
+            "rearm_s",
+        ):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} is {value!r}: expected a positive integer")
@@ -90,8 +115,19 @@ class DetectorConfig:
             raise ValueError(
                 f"threshold={self.threshold!r} and silence_s={self.silence_s!r}: expected > 0"
             )
+        if self.severe_level[0] < self.threshold or self.untrusted_factor < 1:
+            raise ValueError(
+                f"severe_threshold={self.severe_threshold!r} below threshold={self.threshold!r} "
+                f"or untrusted_factor={self.untrusted_factor!r} below 1: expected neither"
+            )
         if not 0 < self.domain_fraction <= 1:
             raise ValueError(f"domain_fraction is {self.domain_fraction!r}: expected (0, 1]")
+
+    @property
+    def severe_level(self) -> tuple[float, int]:
+        """``(severe_threshold, severe_continuity_s)`` with the defaults filled in."""
+        assert self.severe_threshold is not None and self.severe_continuity_s is not None
+        return self.severe_threshold, self.severe_continuity_s
 
     @property
     def horizon_s(self) -> int:

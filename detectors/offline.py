@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from detectors.base import DetectorFactory, default_factory
+from detectors.base import DetectorFactory, JobDetector, default_factory
 from detectors.window import JobWindow
 from minder.core.alert import Alert
 
@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 """``progress(job, seconds_done, seconds_total)``."""
+SecondHook = Callable[[str, int, JobWindow, JobDetector], None]
+"""``hook(job, second, window, detector)``, called after each evaluated second."""
 
 
 @dataclass(slots=True)
@@ -43,15 +45,20 @@ def detect_table(
     table: pd.DataFrame,
     factory: DetectorFactory | None = None,
     progress: Progress | None = None,
+    on_second: SecondHook | None = None,
 ) -> DetectionRun:
-    """Replay a validated canonical table (``minder.core.table``) and collect the alerts."""
+    """Replay a validated canonical table (``minder.core.table``) and collect the alerts.
+
+    ``on_second`` sees the window and detector after every evaluated second (training reads
+    the scores there).
+    """
     factory = factory or default_factory()
     run = DetectionRun()
     jobs = table["job"].cat.remove_unused_categories().cat.categories
     # groupby copies every job's rows; a table of one job (the usual case) is used as it is.
     parts = [(jobs[0], table)] if len(jobs) == 1 else table.groupby("job", observed=True, sort=True)
     for job, rows in parts:
-        alerts, covered = _detect_job(str(job), rows, factory, progress)
+        alerts, covered = _detect_job(str(job), rows, factory, progress, on_second)
         run.alerts.extend(alerts)
         run.jobs[str(job)] = covered
     run.alerts.sort(key=lambda a: (a.detected_ts, a.job, a.machine))
@@ -59,7 +66,11 @@ def detect_table(
 
 
 def _detect_job(
-    job: str, rows: pd.DataFrame, factory: DetectorFactory, progress: Progress | None
+    job: str,
+    rows: pd.DataFrame,
+    factory: DetectorFactory,
+    progress: Progress | None,
+    on_second: SecondHook | None,
 ) -> tuple[list[Alert], dict[str, float]]:
     detector = factory()
     window = JobWindow(job, horizon_s=detector.horizon_s)
@@ -109,6 +120,8 @@ def _detect_job(
         following = int(data_secs[i + 1]) if i + 1 < len(data_secs) else sec + 1
         for now in range(sec, min(following, sec + window.horizon_s)):
             alerts.extend(detector.evaluate(window, now))
+            if on_second is not None:
+                on_second(job, now, window, detector)
         done = min(total, following - int(data_secs[0]))
         if progress is not None and (i % 60 == 0 or i == len(data_secs) - 1):
             progress(job, done, total)

@@ -99,18 +99,24 @@ def detect(
     output_format: Annotated[
         OutputFormat, typer.Option("--format", "-f", help="table or json")
     ] = OutputFormat.table,
+    method: Annotated[
+        str | None,
+        typer.Option(help="minder (default), pairwise, mahalanobis, iforest, ecod, copod, lof"),
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="trained model directory (minder train)")
+    ] = None,
 ) -> None:
     """Detect faulty machines in a canonical metric table (DESIGN.md §3.3)."""
-    from detectors.base import default_factory  # noqa: PLC0415
     from detectors.offline import detect_table  # noqa: PLC0415
     from minder.core.table import read_table  # noqa: PLC0415
 
     settings = Settings()
     try:
+        factory = settings.detection.detector_factory(method, model)
         frame = read_table(table_file)
-    except (MinderError, FileNotFoundError) as exc:
+    except (MinderError, ValueError, FileNotFoundError) as exc:
         raise _fail(exc) from None
-    cfg = settings.detection.detector_config()
     tasks: dict[str, TaskID] = {}
     with _progress() as progress:
 
@@ -119,7 +125,7 @@ def detect(
                 tasks[job] = progress.add_task(f"job {job}", total=total)
             progress.update(tasks[job], completed=done)
 
-        run = detect_table(frame, default_factory(cfg), progress=report)
+        run = detect_table(frame, factory, progress=report)
     if output_format is OutputFormat.json:
         _print_json({"alerts": [a.summary() for a in run.alerts], "summary": run.summary()})
         return
@@ -304,9 +310,15 @@ def demo(
 
 
 def _register_subcommands() -> None:
+    from minder.cli_agent import agent_command  # noqa: PLC0415
+    from minder.cli_bench import bench_app  # noqa: PLC0415
+    from minder.cli_train import train_command  # noqa: PLC0415
     from minder.cli_whatif import whatif_app  # noqa: PLC0415
 
     app.add_typer(whatif_app, name="whatif")
+    app.add_typer(bench_app, name="bench")
+    app.command(name="train")(train_command)
+    app.command(name="agent")(agent_command)
 
 
 _register_subcommands()

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
 
@@ -51,7 +52,7 @@ class ApiSettings(BaseModel):
 
 
 class DetectionSettings(BaseModel):
-    """Detection loop parameters (see ``detectors.peer.PeerDetectorConfig`` for their meaning)."""
+    """Detection loop parameters (see ``detectors.config.DetectorConfig``)."""
 
     window_s: int = Field(8, ge=2, le=600)
     threshold: float = Field(6.0, gt=0)
@@ -59,6 +60,9 @@ class DetectionSettings(BaseModel):
     silence_s: float = Field(10.0, gt=0)
     grace_s: float = Field(2.0, ge=0, description="how long to wait for late samples of a second")
     min_machines: int = Field(4, ge=2)
+    method: str = Field("minder", description="detection method (detectors.methods.METHODS)")
+    model_dir: Path | None = Field(None, description="trained model directory (minder train)")
+    denoiser: str = Field("mean", description="filter of metrics without a trained denoiser")
 
     def detector_config(self) -> DetectorConfig:
         """These parameters as the detector takes them."""
@@ -68,7 +72,28 @@ class DetectionSettings(BaseModel):
             continuity_s=self.continuity_s,
             silence_s=self.silence_s,
             min_machines=self.min_machines,
+            denoiser=self.denoiser,
         )
+
+    def detector_factory(
+        self, method: str | None = None, model_dir: Path | None = None
+    ) -> DetectorFactory:
+        """Factory of per-job detectors: ``method`` and ``model_dir`` override the settings.
+
+        Raises
+        ------
+        ModelError
+            The model directory is missing, of another version, or damaged.
+        """
+        from detectors.methods import BASELINE_METHODS, method_factory  # noqa: PLC0415
+        from detectors.model import load_model  # noqa: PLC0415
+
+        chosen = method or self.method
+        directory = model_dir if model_dir is not None else self.model_dir
+        if chosen in BASELINE_METHODS and model_dir is None:
+            directory = None  # a configured model belongs to the engine, not to the baselines
+        model = load_model(directory) if directory is not None else None
+        return method_factory(chosen, config=self.detector_config(), model=model)
 
 
 class WhatIfSettings(BaseModel):

@@ -119,6 +119,8 @@ class SignalContext:
         ``(T, N, G)`` the GPU reports nothing (fell off the bus).
     silent
         ``(T, N)`` the machine sends nothing.
+    rates_absent
+        ``(T, N)`` the machine sends no rate metric (its agent re-primes its counters).
     nic_of_gpu
         ``(G,)`` the NIC each GPU's RDMA traffic uses.
     n_nics
@@ -132,6 +134,7 @@ class SignalContext:
     values: dict[str, np.ndarray]
     gpu_absent: np.ndarray
     silent: np.ndarray
+    rates_absent: np.ndarray
     nic_of_gpu: np.ndarray
     n_nics: int
     rng: np.random.Generator

@@ -31,7 +31,7 @@ from collectors.sim.signals import (
     reported,
 )
 from collectors.sim.timeline import EVAL_INTENSITY
-from minder.core.metrics import DeviceFamily
+from minder.core.metrics import METRICS, DeviceFamily, MetricKind
 
 CHUNK_S = 120
 
@@ -129,6 +129,7 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
         values=clean_signals(plan.layout.metrics, inputs),
         gpu_absent=np.zeros((len(seconds), n, g), dtype=bool),
         silent=np.zeros((len(seconds), n), dtype=bool),
+        rates_absent=np.zeros((len(seconds), n), dtype=bool),
         nic_of_gpu=plan.nic_of_gpu,
         n_nics=spec.nics_per_machine,
         rng=rng,
@@ -173,6 +174,9 @@ def _present(
     if rank_series.any() and dead.any():
         # The step probe lives in the training process: no process, no step times.
         present[:, :, rank_series] &= ~dead[:, :, None]
+    if ctx.rates_absent.any():
+        rate_series = np.array([METRICS[m].kind is MetricKind.RATE for m in layout.series_metric])
+        present[:, :, rate_series] &= ~ctx.rates_absent[:, :, None]
     present[ctx.silent] = False
     if plan.spec.missing_rate > 0:
         # Drop a binomial number of random samples (a draw per sample costs 10x more).

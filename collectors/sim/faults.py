@@ -7,7 +7,8 @@ Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
   the rest of the job spins in NCCL (duty cycle high, tensor activity and power low);
 * a fail-slow device (PCIe downgrade, NVLink errors, bad cable, hot GPU) slows every step of
   the whole job, and shows on its own machine in the device's counters;
-* silence (an unreachable machine, a rebooting switch) means no batch at all.
+* silence (an unreachable machine, a rebooting switch, a restarting agent) means no batch at
+  all.
 """
 
 from __future__ import annotations
@@ -201,6 +202,12 @@ def apply_signals(injection: Injection, ctx: SignalContext) -> None:
         case ConfounderType.BLIP:
             ctx.add("cpu_util_ratio", _cells(act, machines, [0]), 0.35 * severity)
             ctx.add("pfc_tx_pause_per_second", _cells(act, machines, all_nics), 1500.0 * severity)
+        case ConfounderType.AGENT_RESTART:
+            ctx.silent[_rows(act, machines)] = True
+            # The first interval after the restart has no previous counter reading to take a
+            # difference from: the agent sends its levels and counts but no rates.
+            back = seconds == math.ceil(target.end_s)
+            ctx.rates_absent[_rows(back, machines)] = True
         case _:
             pass
 

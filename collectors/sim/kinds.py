@@ -73,10 +73,20 @@ class ConfounderType(StrEnum):
     ``eval_phase``
         Every machine of the job changes rhythm together (default 120 s): shorter steps
         (0.4x), little communication, 20 % lower compute intensity.
+    ``agent_restart``
+        The node agent of one machine restarts (an upgrade, a crash, a driver reload): the
+        machine sends nothing for the duration (default 4 s), then for its first second back
+        its rate metrics (``MetricKind.RATE``, ``*_per_second``) are absent while the agent
+        re-primes its counters; levels and counts are back at once. Training goes on
+        undisturbed. This is how the simulator models counter resets: a real agent that
+        restarts (or sees a counter go backwards) drops the first difference instead of
+        emitting a negative or huge rate, so the detector sees a short gap, never a bogus
+        value (DESIGN.md §3.1).
     """
 
     BLIP = "blip"
     EVAL_PHASE = "eval_phase"
+    AGENT_RESTART = "agent_restart"
 
 
 GPU_FAULTS = frozenset(

@@ -288,8 +288,17 @@ class FaultSpec(_Injection):
         return self
 
 
+_CONFOUNDER_LENGTH_S: dict[ConfounderType, float] = {
+    ConfounderType.BLIP: 10.0,
+    ConfounderType.EVAL_PHASE: 120.0,
+    ConfounderType.AGENT_RESTART: 4.0,
+}
+"""Default ``duration_s`` of each confounder type."""
+
+
 class ConfounderSpec(_Injection):
-    """A benign disturbance (``blip`` on one machine, ``eval_phase`` on the whole job)."""
+    """A benign disturbance (``blip`` or ``agent_restart`` on one machine, ``eval_phase`` on
+    the whole job)."""
 
     type: ConfounderType
 
@@ -304,10 +313,10 @@ class ConfounderSpec(_Injection):
 
     @property
     def length_s(self) -> float:
-        """Duration in effect (defaults: blip 10 s, eval_phase 120 s)."""
+        """Duration in effect (defaults: blip 10 s, eval_phase 120 s, agent_restart 4 s)."""
         if self.duration_s is not None:
             return self.duration_s
-        return 10.0 if self.type is ConfounderType.BLIP else 120.0
+        return _CONFOUNDER_LENGTH_S[self.type]
 
 
 class Scenario(BaseModel):

@@ -296,7 +296,10 @@ class DetectionService:
             for metric, (tops, devs) in scores.items():
                 if m < len(tops):
                     devices, d = devices_of[metric], devs[m]
-                    per_metric[metric] = (float(tops[m]), devices[d] if d < len(devices) else "")
+                    per_metric[metric] = (
+                        float(tops[m]),
+                        devices[d] if 0 <= d < len(devices) else "",
+                    )
             best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
             machines.append(
                 MachineSnapshot(

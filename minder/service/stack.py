@@ -15,7 +15,6 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
 from minder.api.app import create_app
 from minder.config import Settings
 from minder.core.errors import MinderError
@@ -91,6 +90,8 @@ class Stack:
 
 def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -> Stack:
     """Connect storage and Kafka per ``settings`` and wire the service together."""
+    # First: a bad method or model directory should stop start-up before anything connects.
+    factory = settings.detection.detector_factory()
     metrics = ServiceMetrics(registry)
     engine = create_engine_for(settings.database.url, echo=settings.database.echo)
     upgrade_database(engine)
@@ -122,7 +123,7 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         engine.dispose()
         raise
     service = DetectionService(
-        default_factory(settings.detection.detector_config()),
+        factory,
         grace_s=settings.detection.grace_s,
         metrics=metrics,
         sinks=sinks,

@@ -7,6 +7,7 @@ acknowledgement or the final failure (after retries, ``delivery_timeout_ms``) is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -261,7 +262,7 @@ class _Publisher:
             logger.error(
                 "closing the producer of %s with messages undelivered: %s", self.topic, exc
             )
-        self._producer.close(timeout=0 if timeout_s is not None else None)
+        close_producer(self._producer, 0.0 if timeout_s is not None else 30.0)
         for message in self._resends:
             self._give_up(message, BrokerError("producer closed before the resend"))
         self._resends.clear()
@@ -430,3 +431,22 @@ class AlertPublisher(JsonPublisher):
     def publish_alert(self, alert: Alert) -> None:
         """Queue one alert; a status change is published again under the same ``id``."""
         self.publish(alert.job, alert.to_dict(), headers=[("minder-alert-id", alert.id.encode())])
+
+
+def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
+    """Close ``producer`` for sure, dropping what it still holds after ``timeout_s``.
+
+    kafka-python 3.0's ``close(timeout)`` first flushes and raises ``KafkaTimeoutError`` when
+    records are still pending, before it would force-close its I/O thread; that thread would then
+    go on and deliver those records behind our resend. So force the close ourselves.
+    """
+    try:
+        producer.close(timeout=timeout_s)
+        return
+    except KafkaError as exc:
+        logger.debug("closing the Kafka client with records pending: %r", exc)
+    sender = getattr(producer, "_sender", None)  # private, but the only way to stop it
+    if sender is not None:
+        sender.force_close()
+    with contextlib.suppress(KafkaError, ValueError):
+        producer.close(timeout=0)

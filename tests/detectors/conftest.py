@@ -88,9 +88,9 @@ def make_window() -> Callable[..., JobWindow]:
 
 @pytest.fixture
 def run_stream(make_window: Callable[..., JobWindow]) -> Callable[..., list]:
-    """Stream ``seconds`` of data one second at a time through a PeerDetector; return alerts."""
+    """Stream ``seconds`` of data one second at a time through a MinderDetector; return alerts."""
     from detectors.config import DetectorConfig
-    from detectors.peer import PeerDetector
+    from detectors.engine import MinderDetector
 
     def run(
         machines: int = 16,
@@ -98,10 +98,11 @@ def run_stream(make_window: Callable[..., JobWindow]) -> Callable[..., list]:
         mutate: Mutator | None = None,
         config: DetectorConfig | None = None,
         start: int = 1000,
+        detector: object | None = None,
         **kwargs: object,
     ) -> list:
-        detector = PeerDetector(config or DetectorConfig())
-        window = JobWindow("job", horizon_s=detector.horizon_s)
+        detector = detector or MinderDetector(config or DetectorConfig())
+        window = JobWindow("job", horizon_s=detector.horizon_s)  # type: ignore[attr-defined]
         alerts = []
         rng_seed = int(kwargs.pop("seed", 0))  # type: ignore[call-overload]
         for i, sec in enumerate(range(start, start + seconds)):
@@ -114,7 +115,7 @@ def run_stream(make_window: Callable[..., JobWindow]) -> Callable[..., list]:
                 window=window,
                 **kwargs,
             )
-            alerts.extend(detector.evaluate(window, sec))
+            alerts.extend(detector.evaluate(window, sec))  # type: ignore[attr-defined]
         return alerts
 
     return run

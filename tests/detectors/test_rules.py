@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from detectors.config import DetectorConfig
-from detectors.peer import PeerDetector
+from detectors.engine import MinderDetector
 from detectors.window import JobWindow
 from minder.core.alert import AlertKind
 from minder.core.records import Event, EventKind, NodeBatch
@@ -47,7 +47,7 @@ def test_uncorrectable_ecc_fires_and_later_similarity_is_not_a_second_alert(run_
 
 
 def test_xid_events_fire_with_their_code_except_application_xids(make_window) -> None:
-    detector = PeerDetector()
+    detector = MinderDetector()
     window: JobWindow = make_window(machines=8, seconds=5)
     window.add_batch(
         NodeBatch("job", "m002", 1004.5, events=[Event(EventKind.XID, "gpu1", 1004.2, code=13)])
@@ -156,7 +156,7 @@ def test_switch_outage_is_one_domain_alert(run_stream) -> None:
 
 
 def test_an_application_xid_is_not_alerted_through_its_count(make_window) -> None:
-    detector = PeerDetector()
+    detector = MinderDetector()
     window: JobWindow = make_window(machines=8, seconds=5)
     window.add_batch(
         NodeBatch(

@@ -1,0 +1,389 @@
+"""The node agent's collection step and its local Prometheus exposition.
+
+:class:`Agent` runs every source once per interval and merges what they read into one
+:class:`~minder.core.records.NodeBatch` (DESIGN.md §3.2). It never lets one source spoil the
+others: a source that raises is skipped for that interval (counted, logged once per source and
+exception type), samples that fail :func:`~minder.core.metrics.validate_sample` are dropped
+(counted per source, logged once per source and metric), and a second sample for the same
+``(metric, device)`` is dropped in favour of the first (counted as ``duplicate``).
+
+:class:`AgentExporter` is a prometheus_client custom collector on its own registry: it serves the
+last batch as gauges ``minder_node_<metric>{device}`` plus the agent's own counters, and costs
+nothing between scrapes. Sending (Kafka, spool) lives in ``minder.agent_runner``, which plugs its
+counters in through :meth:`AgentExporter.set_sender`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from collectors.base import Collected, Source
+from collectors.labels import Identity, check_label, discover_identity, parse_label
+from minder.core.errors import ValidationError
+from minder.core.metrics import MetricSpec, validate_sample, validate_value
+from minder.core.records import Event, NodeBatch, Sample
+
+__all__ = [
+    "AGENT_REASONS",
+    "Agent",
+    "AgentExporter",
+    "Identity",
+    "SenderCounters",
+    "discover_identity",
+    "parse_label",
+]
+
+logger = logging.getLogger(__name__)
+
+AGENT_REASONS = ("exception", "invalid_sample", "duplicate")
+"""Reasons the agent itself counts per source, besides those of each source's ProblemLog."""
+
+
+@dataclass(frozen=True, slots=True)
+class SenderCounters:
+    """What the sender reports to the agent's ``/metrics`` (see ``minder.agent_runner``).
+
+    Attributes
+    ----------
+    batches_sent
+        Batches the broker acknowledged.
+    spooled
+        Batches written to the on-disk spool.
+    dropped_oldest
+        Batches dropped from the spool, oldest first, because it was full.
+    spool_bytes
+        Bytes of batches in the spool now, not yet acknowledged.
+    spool_batches
+        Batches in the spool now.
+    send_errors
+        Failed delivery attempts (each retried later).
+    corrupt_dropped
+        Spooled records dropped because they could not be unframed (damaged or foreign).
+    """
+
+    batches_sent: int = 0
+    spooled: int = 0
+    dropped_oldest: int = 0
+    spool_bytes: int = 0
+    spool_batches: int = 0
+    send_errors: int = 0
+    corrupt_dropped: int = 0
+
+
+class Agent:
+    """Collects one batch per interval from a node's sources.
+
+    Parameters
+    ----------
+    sources
+        The sources, run in this order; on a duplicate ``(metric, device)`` the first wins.
+    job, node
+        Identity of the batches (see :func:`~collectors.labels.discover_identity`).
+    labels
+        Placement and role labels (``group``, ``domain``, ``switch`` …).
+    interval_s
+        Collection interval, written into each batch.
+
+    Attributes
+    ----------
+    last_batch
+        The latest batch (``None`` before the first collection).
+    collections_total
+        Calls of :meth:`collect_once` so far.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        job: str,
+        node: str,
+        labels: Mapping[str, str],
+        interval_s: float = 1.0,
+    ) -> None:
+        if not job or not node:
+            raise ValidationError(f"job {job!r} and node {node!r}: expected non-empty names")
+        if not interval_s > 0:
+            raise ValidationError(f"interval_s is {interval_s!r}: expected a positive number")
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            raise ValidationError(f"source names {names}: expected each source once")
+        for key, value in labels.items():
+            check_label(key, value)
+        self.sources = tuple(sources)
+        self.job = job
+        self.node = node
+        self.labels = dict(labels)
+        self.interval_s = float(interval_s)
+        self.last_batch: NodeBatch | None = None
+        self.collections_total = 0
+        self._errors: Counter[tuple[str, str]] = Counter()
+        self._seconds: dict[str, float] = {}
+        self._seconds_total: Counter[str] = Counter()
+        self._lock = threading.Lock()  # counters are read by the /metrics thread
+        self._logged: set[tuple[str, str]] = set()
+        # (metric, device) pairs already checked: the names and devices repeat every interval,
+        # so only the value is checked after the first time.
+        self._specs: dict[tuple[str, str], MetricSpec] = {}
+
+    def collect_once(self, now: float) -> NodeBatch:
+        """Run every source at ``now`` (unix seconds) and return the merged, checked batch."""
+        samples: list[Sample] = []
+        events: list[Event] = []
+        seen: set[tuple[str, str]] = set()
+        errors: Counter[tuple[str, str]] = Counter()
+        seconds: dict[str, float] = {}
+        for source in self.sources:
+            started = time.perf_counter()
+            try:
+                collected = source.collect(now)
+                if not isinstance(collected, Collected):
+                    raise TypeError(f"collect() returned {type(collected).__name__}")
+            except Exception as exc:
+                # A source bug must not stop the node's other metrics: skip it this interval.
+                errors[(source.name, "exception")] += 1
+                self._log_once(
+                    source.name,
+                    f"exception:{type(exc).__name__}",
+                    "source %s raised %r; it is skipped each time it raises (counted, logged "
+                    "once per exception type)",
+                    source.name,
+                    exc,
+                )
+                continue
+            finally:
+                seconds[source.name] = time.perf_counter() - started
+            for metric, device, value in collected.samples:
+                key = (metric, device)
+                if key in seen:
+                    errors[(source.name, "duplicate")] += 1
+                    self._log_once(
+                        source.name,
+                        f"duplicate:{metric}",
+                        "source %s: second sample for %s{device=%r} dropped, the first kept",
+                        source.name,
+                        metric,
+                        device,
+                    )
+                    continue
+                if not self._valid(source.name, metric, device, value):
+                    errors[(source.name, "invalid_sample")] += 1
+                    continue
+                seen.add(key)
+                samples.append((metric, device, float(value)))
+            events.extend(collected.events)
+        batch = NodeBatch(
+            job=self.job,
+            node=self.node,
+            ts=now,
+            interval_s=self.interval_s,
+            labels=dict(self.labels),
+            samples=samples,
+            events=events,
+        )
+        with self._lock:
+            self._errors.update(errors)
+            self._seconds = seconds
+            self._seconds_total.update(seconds)
+            self.collections_total += 1
+            self.last_batch = batch
+        return batch
+
+    def _valid(self, source: str, metric: str, device: str, value: float) -> bool:
+        try:
+            spec = self._specs.get((metric, device))
+            if spec is None:
+                spec = validate_sample(metric, device, value)
+                if len(self._specs) < 100_000:
+                    self._specs[(metric, device)] = spec
+            else:
+                validate_value(spec, value)
+        except (ValidationError, TypeError) as exc:  # TypeError: a name that is not a string
+            self._log_once(
+                source,
+                f"invalid:{metric}",
+                "source %s: sample dropped (%s); further invalid %s samples are counted, "
+                "not logged",
+                source,
+                exc,
+                metric,
+            )
+            return False
+        return True
+
+    def _log_once(self, source: str, what: str, message: str, *args: object) -> None:
+        if (source, what) in self._logged:
+            return
+        if len(self._logged) < 10_000:  # bounded: a source inventing metric names cannot grow it
+            self._logged.add((source, what))
+        logger.warning(message, *args)
+
+    def error_counts(self) -> dict[tuple[str, str], int]:
+        """Problems since start by ``(source, reason)``: the sources' own and the agent's."""
+        with self._lock:
+            counts = dict(self._errors)
+        for source in self.sources:
+            for reason, count in dict(source.problems.counts).items():
+                counts[(source.name, reason)] = counts.get((source.name, reason), 0) + count
+        return counts
+
+    def collect_seconds(self) -> dict[str, float]:
+        """Duration of each source's last ``collect`` (seconds)."""
+        with self._lock:
+            return dict(self._seconds)
+
+    def collect_seconds_total(self) -> dict[str, float]:
+        """Total time spent in each source's ``collect`` since start (seconds)."""
+        with self._lock:
+            return dict(self._seconds_total)
+
+    def close(self) -> None:
+        """Close every source; one that fails to close is logged, the others still close."""
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception as exc:
+                logger.warning("source %s failed to close: %r", source.name, exc)
+
+
+class AgentExporter(Collector):
+    """The agent's ``/metrics``: the last batch as gauges, plus the agent's own counters.
+
+    Registered on its own :class:`~prometheus_client.CollectorRegistry` (:attr:`registry`), not
+    the process-global one, so tests and several agents in one process do not collide. Series:
+
+    - ``minder_node_<metric>{device}``: the last batch's values (host metrics have
+      ``device=""``);
+    - ``minder_agent_info{job,node,<labels>}`` = 1;
+    - ``minder_agent_collections_total``, ``minder_agent_last_collection_timestamp_seconds``;
+    - ``minder_agent_source_errors_total{source,reason}``;
+    - ``minder_agent_collect_seconds{source}`` (last duration) and
+      ``minder_agent_collect_duration_seconds_total{source}``;
+    - with a sender: ``minder_agent_batches_sent_total``, ``minder_agent_spooled_total``,
+      ``minder_agent_dropped_oldest_total``, ``minder_agent_send_errors_total``,
+      ``minder_agent_corrupt_dropped_total``, ``minder_agent_spool_bytes`` and
+      ``minder_agent_spool_batches``.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._sender: Callable[[], SenderCounters] | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._server: WSGIServer | None = None
+
+    def set_sender(self, counters: Callable[[], SenderCounters] | None) -> None:
+        """Export the sender's counters, read from ``counters()`` at each scrape."""
+        self._sender = counters
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the metrics at scrape time (prometheus_client's custom collector protocol)."""
+        agent = self.agent
+        batch = agent.last_batch
+        info = GaugeMetricFamily(
+            "minder_agent_info",
+            "Identity of this node agent",
+            labels=["job", "node", *agent.labels],
+        )
+        info.add_metric([agent.job, agent.node, *agent.labels.values()], 1.0)
+        yield info
+        if batch is not None:
+            families: dict[str, GaugeMetricFamily] = {}
+            for metric, device, value in batch.samples:
+                family = families.get(metric)
+                if family is None:
+                    family = families[metric] = GaugeMetricFamily(
+                        f"minder_node_{metric}",
+                        f"{metric} of the last batch (DESIGN.md §3.1)",
+                        labels=["device"],
+                    )
+                family.add_metric([device], value)
+            yield from families.values()
+            last = GaugeMetricFamily(
+                "minder_agent_last_collection_timestamp_seconds",
+                "Unix time of the last batch",
+            )
+            last.add_metric([], batch.ts)
+            yield last
+        collections = CounterMetricFamily(
+            "minder_agent_collections", "Collections the agent ran since start"
+        )
+        collections.add_metric([], agent.collections_total)
+        yield collections
+        errors = CounterMetricFamily(
+            "minder_agent_source_errors",
+            "Problems by source and reason (sources' own reasons, exception, invalid_sample, "
+            "duplicate)",
+            labels=["source", "reason"],
+        )
+        for (source, reason), count in sorted(agent.error_counts().items()):
+            errors.add_metric([source, reason], count)
+        yield errors
+        last_seconds = GaugeMetricFamily(
+            "minder_agent_collect_seconds",
+            "Duration of each source's last collection",
+            labels=["source"],
+        )
+        for source, seconds in sorted(agent.collect_seconds().items()):
+            last_seconds.add_metric([source], seconds)
+        yield last_seconds
+        total_seconds = CounterMetricFamily(
+            "minder_agent_collect_duration_seconds",
+            "Time spent in each source's collection since start",
+            labels=["source"],
+        )
+        for source, seconds in sorted(agent.collect_seconds_total().items()):
+            total_seconds.add_metric([source], seconds)
+        yield total_seconds
+        if self._sender is not None:
+            yield from _sender_metrics(self._sender())
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve :attr:`registry` on ``http://addr:port/metrics`` from a daemon thread."""
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
+        logger.info("agent metrics on http://%s:%d/metrics", addr, server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        """The port :meth:`serve` listens on (useful with port 0), or None."""
+        return None if self._server is None else int(self._server.server_port)
+
+    def shutdown(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _sender_metrics(counters: SenderCounters) -> Iterator[Metric]:
+    for name, help_text in (
+        ("batches_sent", "Batches the broker acknowledged"),
+        ("spooled", "Batches written to the on-disk spool"),
+        ("dropped_oldest", "Batches dropped from the full spool, oldest first"),
+        ("send_errors", "Failed delivery attempts (retried)"),
+        ("corrupt_dropped", "Spooled records dropped because they could not be unframed"),
+    ):
+        family = CounterMetricFamily(f"minder_agent_{name}", help_text)
+        family.add_metric([], getattr(counters, name))
+        yield family
+    for name, help_text in (
+        ("spool_bytes", "Bytes of unsent batches in the spool"),
+        ("spool_batches", "Unsent batches in the spool"),
+    ):
+        gauge = GaugeMetricFamily(f"minder_agent_{name}", help_text)
+        gauge.add_metric([], getattr(counters, name))
+        yield gauge

@@ -1,0 +1,409 @@
+"""Step-time probe: training processes report each step's duration to the node agent over UDP.
+
+In the training loop::
+
+    from collectors import probe
+
+    for batch in loader:
+        with probe.timer():  # or: probe.step(seconds) with a time you measured
+            train_step(batch)
+
+Each ``step`` sends one datagram ``b"minder1 <rank> <seconds>"`` to the agent
+(``MINDER_PROBE_ADDR``, default ``127.0.0.1:9477``) from a non-blocking socket: it never waits
+and never raises into the loop. A datagram that cannot be sent (no agent, full buffer, bad
+address) is counted in ``StepProbe.dropped``; the loop goes on. The agent side is
+:class:`ProbeSource`, which reports ``train_step_seconds`` per rank as the mean of the steps
+received in the interval.
+
+The client part of this module uses the standard library only and imports nothing else at
+import time, so the file can also be copied alone into a training image.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collectors.base import Collected, ProblemLog
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "127.0.0.1:9477"
+"""Where the node agent listens unless ``MINDER_PROBE_ADDR`` says otherwise."""
+ADDRESS_ENV = "MINDER_PROBE_ADDR"
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+"""Where the global rank is found: torchrun, Slurm, Open MPI, other PMI launchers."""
+MAGIC = b"minder1"
+"""Protocol tag and version: ``minder1 <rank> <seconds>`` (ASCII, space separated)."""
+MAX_DATAGRAM = 512
+"""Longest datagram the agent reads; a valid one is under 64 bytes."""
+MAX_RANK = 2**31 - 1
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6addr]:port`` for IPv6) into host and port.
+
+    Raises
+    ------
+    ValueError
+        When ``address`` has no port or the port is not an integer in 0..65535.
+    """
+    host, sep, port_text = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(
+            f"probe address {address!r}: expected 'host:port' with a port in 0..65535, "
+            "e.g. '127.0.0.1:9477' or '[::1]:9477'"
+        )
+    return host, int(port_text)
+
+
+def _format_address(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    host, port = sockaddr[0], sockaddr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _resolve(host: str, port: int, *, passive: bool = False) -> tuple[int, tuple[str, int]]:
+    """``(family, sockaddr)`` for a UDP endpoint; numeric hosts need no resolver round-trip."""
+    flags = socket.AI_PASSIVE if passive else 0
+    try:
+        infos = socket.getaddrinfo(
+            host, port, 0, socket.SOCK_DGRAM, 0, flags | socket.AI_NUMERICHOST
+        )
+    except socket.gaierror:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM, 0, flags)
+    family, _, _, _, sockaddr = infos[0]
+    return family, (str(sockaddr[0]), int(sockaddr[1]))
+
+
+def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The process's global rank from the launcher's environment, else 0."""
+    env = os.environ if environ is None else environ
+    for key in RANK_ENV:
+        value = env.get(key, "").strip()
+        if value.isascii() and value.isdigit() and int(value) <= MAX_RANK:
+            return int(value)
+        if value:
+            logger.warning("ignoring %s=%r: expected a non-negative integer rank", key, value)
+    return 0
+
+
+class StepProbe:
+    """Sends one datagram per training step to the node agent; never blocks, never raises.
+
+    Parameters
+    ----------
+    address
+        ``host:port`` of the agent's :class:`ProbeSource`; default ``$MINDER_PROBE_ADDR`` or
+        ``127.0.0.1:9477``. An explicit malformed address raises ``ValueError``; a malformed
+        environment value, or one that cannot be resolved, disables the probe (every step is
+        counted as dropped) with one warning, because the probe may be created inside the loop.
+    rank
+        Global rank reported with each step; default ``RANK`` / ``SLURM_PROCID`` / ... or 0.
+
+    Attributes
+    ----------
+    sent, dropped, ignored
+        Steps handed to the kernel, steps that could not be sent, and step times refused as
+        not finite or negative.
+    """
+
+    def __init__(self, address: str | None = None, rank: int | None = None) -> None:
+        if rank is not None and (isinstance(rank, bool) or not 0 <= rank <= MAX_RANK):
+            raise ValueError(f"probe rank {rank!r}: expected an integer in 0..{MAX_RANK}")
+        self.rank = rank_from_env() if rank is None else int(rank)
+        self.address = address if address is not None else os.environ.get(ADDRESS_ENV, "")
+        self.address = self.address or DEFAULT_ADDRESS
+        self.sent = 0
+        self.dropped = 0
+        self.ignored = 0
+        self._prefix = b"%s %d " % (MAGIC, self.rank)
+        self._sock: socket.socket | None = None
+        try:
+            host, port = parse_address(self.address)
+        except ValueError:
+            if address is not None:
+                raise
+            logger.warning("%s=%r is malformed; step times are not sent", ADDRESS_ENV, self.address)
+            return
+        try:
+            family, sockaddr = _resolve(host, port)
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+        except OSError as exc:
+            logger.warning("probe address %r unusable (%s); step times not sent", self.address, exc)
+            return
+        try:
+            sock.setblocking(False)
+            # Connected UDP: the kernel reports "no listener" (ICMP) on a later send as
+            # ECONNREFUSED, so the drops are counted rather than silent.
+            sock.connect(sockaddr)
+        except OSError as exc:
+            sock.close()
+            logger.warning("probe address %r unusable (%s); step times not sent", self.address, exc)
+            return
+        self._sock = sock
+
+    def step(self, seconds: float) -> None:
+        """Report one step of ``seconds``; returns at once whatever happens to the datagram."""
+        try:
+            value = float(seconds)
+        except (TypeError, ValueError, OverflowError):
+            self.ignored += 1
+            return
+        if not 0.0 <= value < math.inf:  # NaN fails both comparisons
+            self.ignored += 1
+            return
+        sock = self._sock
+        if sock is None:
+            self.dropped += 1
+            return
+        try:
+            sock.send(self._prefix + repr(value).encode())
+        except OSError:  # no listener (ECONNREFUSED), buffer full (EAGAIN), closed socket
+            self.dropped += 1
+        else:
+            self.sent += 1
+
+    @contextmanager
+    def timer(self) -> Iterator[None]:
+        """Time the ``with`` block and report it as one step (not when the block raises)."""
+        start = time.perf_counter()
+        yield
+        self.step(time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Release the socket; later steps are counted as dropped."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+
+class _Default:
+    """Holder of the probe shared by the module-level :func:`step` and :func:`timer`."""
+
+    probe: StepProbe | None = None
+
+
+def configure(address: str | None = None, rank: int | None = None) -> StepProbe:
+    """Replace the probe behind :func:`step` and :func:`timer` (e.g. to set the rank)."""
+    previous, _Default.probe = _Default.probe, StepProbe(address, rank)
+    if previous is not None:
+        previous.close()
+    return _Default.probe
+
+
+def default_probe() -> StepProbe:
+    """The probe behind :func:`step`, created from the environment on first use."""
+    if _Default.probe is None:
+        _Default.probe = StepProbe()
+    return _Default.probe
+
+
+def step(seconds: float) -> None:
+    """Report one training step of ``seconds`` with the default probe (never raises)."""
+    probe = _Default.probe
+    if probe is None:
+        probe = default_probe()
+    probe.step(seconds)
+
+
+def timer() -> AbstractContextManager[None]:
+    """Time a ``with`` block as one step with the default probe."""
+    return default_probe().timer()
+
+
+# -- agent side ----------------------------------------------------------------------------------
+
+
+class ProbeSource:
+    """Receives the probes' datagrams and reports ``train_step_seconds`` per rank.
+
+    ``collect`` drains the datagrams queued since the previous call and emits, for each rank
+    that sent any, the mean of its step times (device ``rank<N>``). Ranks that sent nothing emit
+    nothing. A socket that cannot be bound is reported once (``bind_failed``) and the source then
+    yields nothing; malformed datagrams are counted as ``bad_datagram``.
+
+    The port is open to every local process, so a flood must not hold the agent's loop nor
+    invent devices: one collect reads at most ``max_drain`` datagrams or for ``max_drain_s``
+    seconds, and leaves the rest queued for the next interval (counted as ``drain_limit``); and
+    at most ``max_ranks`` distinct ranks are accepted (a rank silent for :attr:`RANK_EXPIRY_S`
+    frees its place), the datagrams of further ranks are counted as ``too_many_ranks``.
+
+    Parameters
+    ----------
+    address
+        ``host:port`` to bind; port 0 picks a free port (see :attr:`address`).
+    max_drain, max_drain_s
+        Most datagrams read, and longest time spent reading them, per collect.
+    max_ranks
+        Most distinct ranks accepted (a node runs a few; a job never more than its world size).
+    """
+
+    name = "probe"
+    _RECV_BUFFER = 4 << 20
+    """Requested receive buffer: at 1 Hz collection the queue holds a whole interval's steps
+    (the kernel caps it at ``net.core.rmem_max``; overflowing datagrams are lost)."""
+    MAX_DRAIN = 100_000
+    """Default most datagrams read per collect (~30 ms of CPU)."""
+    MAX_DRAIN_S = 0.05
+    """Default longest time one collect spends reading datagrams."""
+    MAX_RANKS = 1024
+    """Default most distinct ranks accepted."""
+    RANK_EXPIRY_S = 600.0
+    """A rank that sent nothing for this long no longer counts against ``max_ranks``."""
+    _CHECK_EVERY = 256
+    """Datagrams read between two looks at the clock."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        max_drain: int = MAX_DRAIN,
+        max_drain_s: float = MAX_DRAIN_S,
+        max_ranks: int = MAX_RANKS,
+    ) -> None:
+        # Imported here so that the training-side client above stays standard-library only.
+        from collectors.base import Collected, ProblemLog  # noqa: PLC0415
+        from minder.core.errors import ValidationError  # noqa: PLC0415
+        from minder.core.metrics import metric_spec  # noqa: PLC0415
+
+        for setting, value in (("max_drain", max_drain), ("max_ranks", max_ranks)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"probe {setting} is {value!r}: expected an integer >= 1")
+        if not max_drain_s > 0:
+            raise ValidationError(f"probe max_drain_s is {max_drain_s!r}: expected seconds > 0")
+        self.problems: ProblemLog = ProblemLog(self.name)
+        self._collected = Collected
+        self._upper = metric_spec("train_step_seconds").upper
+        self._max_drain = max_drain
+        self._max_drain_s = float(max_drain_s)
+        self._max_ranks = max_ranks
+        self._ranks: dict[int, float] = {}
+        """Accepted ranks -> monotonic time they last sent a step."""
+        self._sock: socket.socket | None = None
+        try:
+            host, port = parse_address(address)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        sock: socket.socket | None = None
+        try:
+            family, sockaddr = _resolve(host, port, passive=True)
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._RECV_BUFFER)
+            except OSError:
+                logger.debug("cannot enlarge the probe receive buffer; keeping the default")
+            sock.bind(sockaddr)
+        except OSError as exc:
+            if sock is not None:
+                sock.close()
+            self.problems.report(
+                "bind_failed", f"cannot listen for step probes on {address}: {exc}"
+            )
+            return
+        self._sock = sock
+
+    @property
+    def address(self) -> str | None:
+        """The bound ``host:port`` (the real port when 0 was asked for), or None if unbound."""
+        if self._sock is None:
+            return None
+        return _format_address(self._sock.getsockname())
+
+    def collect(self, now: float) -> Collected:
+        """Drain the queued datagrams and emit each rank's mean step time."""
+        out = self._collected()
+        sock = self._sock
+        if sock is None:
+            return out
+        sums: dict[int, float] = {}
+        counts: dict[int, int] = {}
+        started = time.monotonic()
+        deadline = started + self._max_drain_s
+        limited = True
+        for read in range(self._max_drain):
+            if read % self._CHECK_EVERY == 0 and read and time.monotonic() > deadline:
+                break
+            try:
+                data = sock.recv(MAX_DATAGRAM)
+            except BlockingIOError:
+                limited = False
+                break
+            except OSError as exc:
+                self.problems.report("recv_failed", f"reading step probes failed: {exc}")
+                limited = False
+                break
+            parsed = self._parse(data)
+            if parsed is None:
+                self.problems.report(
+                    "bad_datagram",
+                    f"expected b'minder1 <rank> <seconds>', got {data[:64]!r}",
+                )
+                continue
+            rank, seconds = parsed
+            if rank not in counts and not self._accept(rank, started):
+                continue
+            sums[rank] = sums.get(rank, 0.0) + seconds
+            counts[rank] = counts.get(rank, 0) + 1
+        if limited and self._pending(sock):
+            self.problems.report(
+                "drain_limit",
+                f"more than {self._max_drain} step datagrams or {self._max_drain_s:g} s of "
+                "reading in one interval; the rest is read at the next",
+            )
+        for rank in sorted(sums):
+            out.add("train_step_seconds", f"rank{rank}", sums[rank] / counts[rank])
+        return out
+
+    def _accept(self, rank: int, now: float) -> bool:
+        """Whether ``rank`` has (or gets) a place among the accepted ranks; marks it seen."""
+        if rank not in self._ranks and len(self._ranks) >= self._max_ranks:
+            stale = now - self.RANK_EXPIRY_S
+            for old in [r for r, seen in self._ranks.items() if seen < stale]:
+                del self._ranks[old]
+            if len(self._ranks) >= self._max_ranks:
+                self.problems.report(
+                    "too_many_ranks",
+                    f"step datagram of rank {rank} refused: {self._max_ranks} ranks already "
+                    "report to this node",
+                )
+                return False
+        self._ranks[rank] = now
+        return True
+
+    @staticmethod
+    def _pending(sock: socket.socket) -> bool:
+        """Whether a datagram is still queued (peeked, not read)."""
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+        except OSError:  # BlockingIOError: the queue is empty
+            return False
+        return True
+
+    def _parse(self, data: bytes) -> tuple[int, float] | None:
+        parts = data.split()
+        if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit():
+            return None
+        rank = int(parts[1])
+        try:
+            seconds = float(parts[2])
+        except ValueError:
+            return None
+        if rank > MAX_RANK or not 0.0 <= seconds <= self._upper:
+            return None
+        return rank, seconds
+
+    def close(self) -> None:
+        """Close the socket; later collects yield nothing."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()

@@ -1,0 +1,406 @@
+"""The detection engine: hard-fault rules, per-metric denoising, peer scoring, incremental
+continuity and learned metric priorities (Minder, NSDI'25, streamed).
+
+Every second, per job and metric, each machine's window (``window_s`` seconds) is denoised
+(:mod:`detectors.denoisers`; the window mean unless configured or trained otherwise) and compared
+with its peers (its ``group``, or the whole job when the group is small) by distance to the
+peers' median window on a robust scale (:mod:`detectors.scoring`), giving a signed z that one
+threshold serves across job sizes. A machine that stays above the threshold long enough for its
+severity (:mod:`detectors.continuity`) is alerted, naming the highest-priority metric that
+confirms it (:mod:`detectors.priority`); several machines can be alerted at once. Hard faults fire
+at once through :mod:`detectors.rules`, and machines of one ``domain`` that fail together are
+reported as one domain alert (:mod:`detectors.episodes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from detectors.config import DetectorConfig
+from detectors.continuity import ContinuityTracker, Severity
+from detectors.denoisers import Denoiser, denoiser_class, fill_nearest
+from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
+from detectors.evidence import similarity_evidence
+from detectors.findings import Finding
+from detectors.priority import MetricPriority
+from detectors.rules import evaluate_rules
+from detectors.scoring import (
+    BlockScores,
+    ScoreLayout,
+    median_scores,
+    pairwise_scores,
+    peer_comparisons,
+    score_layout,
+)
+from detectors.window import JobWindow
+from minder.core.alert import Alert, AlertKind
+from minder.core.errors import ModelError
+
+if TYPE_CHECKING:
+    from detectors.model import DetectorModel
+
+logger = logging.getLogger(__name__)
+
+_RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
+SCORERS: tuple[str, ...] = ("median", "pairwise")
+_COLLAPSING = frozenset({"mean", "median"})
+"""Filters whose output is one value per window: scored without the time axis."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDenoiser:
+    """How one metric's windows are denoised: a filter in units, or a model on scaled values."""
+
+    denoiser: Denoiser
+    low: float = 0.0
+    span: float = 1.0
+    learned: bool = False
+
+    @property
+    def collapses(self) -> bool:
+        """The output is constant along the window (one value per window)."""
+        return self.denoiser.kind in _COLLAPSING
+
+    def apply(self, windows: np.ndarray) -> np.ndarray:
+        """Denoise ``(..., w)`` windows in units."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows stay NaN
+            if not self.learned:
+                out = self.denoiser.transform(windows)
+            else:
+                scaled = fill_nearest((windows - self.low) / self.span)
+                out = self.denoiser.transform(scaled) * self.span + self.low
+        return out[..., :1] if self.collapses else out
+
+
+class MinderDetector:
+    """Streaming detector of one job; keep one instance per job.
+
+    Call :meth:`evaluate` once per second of data, in increasing order; it returns the alerts
+    that fired at that second (each fault once per episode).
+
+    Parameters
+    ----------
+    config
+        Thresholds, windows and durations.
+    model
+        Trained per-metric denoisers and metric priorities (``minder train``); without one,
+        every metric uses ``config.denoiser`` and the paper's priority order.
+    scorer
+        ``median`` (O(N) distance to the peers' median window) or ``pairwise`` (the paper's
+        O(N^2) sum of distances, for reference).
+    denoise
+        False scores the raw window (ablation).
+    prioritise
+        False names the strongest metric and trusts every metric alike (ablation).
+    """
+
+    def __init__(
+        self,
+        config: DetectorConfig | None = None,
+        *,
+        model: DetectorModel | None = None,
+        scorer: str = "median",
+        denoise: bool = True,
+        prioritise: bool = True,
+    ) -> None:
+        cfg = config or DetectorConfig()
+        if scorer not in SCORERS:
+            raise ValueError(f"unknown scorer {scorer!r}: expected one of {', '.join(SCORERS)}")
+        if model is not None and model.window != cfg.window_s:
+            cfg = replace(cfg, window_s=model.window)
+        self.config = cfg
+        self.model = model
+        self.scorer = scorer
+        self.denoise = denoise
+        self.prioritise = prioritise
+        default_kind = "raw" if not denoise else cfg.denoiser
+        default_cls = denoiser_class(default_kind)
+        if default_cls.needs_fit:
+            raise ModelError(
+                f"denoiser {default_kind!r} must be trained: run 'minder train' and pass the "
+                "model directory, or pick one of the filters (mean, median, ewma)"
+            )
+        self._default = MetricDenoiser(default_cls(window=cfg.window_s))
+        self._denoisers: dict[str, MetricDenoiser] = {}
+        trained = model.priority if model is not None else None
+        self.priority = trained if trained is not None else MetricPriority.default()
+        self.continuity = ContinuityTracker(
+            [
+                Severity(cfg.threshold, cfg.continuity_s),
+                Severity(*cfg.severe_level),
+            ]
+        )
+        self.episodes = Episodes(cfg)
+        self._last_scored: int | None = None
+        self._skipped_logged = False
+        self._layout_cache: ScoreLayout | None = None
+        self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
+
+    # -- public -----------------------------------------------------------------------------
+    @property
+    def horizon_s(self) -> int:
+        """Seconds of history the job window must keep."""
+        return self.config.horizon_s
+
+    def machine_scores(self) -> dict[str, tuple[list[float], list[int]]]:
+        """Per metric, the latest top |z| of each machine and the device index behind it."""
+        return {m: (top.tolist(), dev.tolist()) for m, (top, dev) in self.last_scores.items()}
+
+    def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
+        """Run rules and peer scoring at second ``now``; return the alerts that fire."""
+        cfg = self.config
+        with_peers = window.n_machines >= cfg.min_machines
+        if not with_peers and not self._skipped_logged:
+            logger.info(
+                "job %s has %d machine(s): fewer than %d, so no peers to compare; only the "
+                "hard-fault rules that need no peers run",
+                window.job,
+                window.n_machines,
+                cfg.min_machines,
+            )
+            self._skipped_logged = True
+        episodes = self.episodes
+        fired: list[Finding] = []
+        for finding in merge_devices(evaluate_rules(window, now, cfg, with_peers=with_peers)):
+            if not episodes.touch((finding.machine, finding.family), now):
+                continue
+            if finding.family in DOMAIN_FAMILIES:
+                episodes.hold(finding, now)
+            else:
+                fired.append(finding)
+        fired += episodes.settle(window, now)
+        busy = episodes.machines_in(_RULE_FAMILIES)
+        scored = self._choose(self._score(window, now)) if with_peers else []
+        for finding in scored:
+            new = episodes.touch((finding.machine, finding.family), now)
+            if new and finding.machine not in busy:
+                # One fault, one alert: a machine a rule already named is not named again.
+                self._add_evidence(window, now, finding)
+                fired.append(finding)
+        episodes.expire(now)
+        return [self._to_alert(window, f, now) for f in merge_devices(fired)]
+
+    # -- denoising --------------------------------------------------------------------------
+    def denoiser_for(self, metric: str) -> MetricDenoiser:
+        """The denoiser of ``metric``: the model's where it has one, else the default filter."""
+        found = self._denoisers.get(metric)
+        if found is None:
+            found = self._default
+            if self.denoise and self.model is not None and metric in self.model.denoisers:
+                scaler, denoiser = self.model.denoisers[metric]
+                found = MetricDenoiser(denoiser, scaler.low, scaler.span, learned=True)
+            self._denoisers[metric] = found
+        return found
+
+    # -- peer scoring -----------------------------------------------------------------------
+    def _layout(self, window: JobWindow) -> ScoreLayout:
+        if self._layout_cache is None or self._layout_cache.n_series != window.n_series:
+            self._layout_cache = score_layout(window)
+        return self._layout_cache
+
+    def _score(self, window: JobWindow, now: int) -> list[Finding]:
+        cfg = self.config
+        n = window.n_machines
+        layout = self._layout(window)
+        findings: list[Finding] = []
+        scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if not layout.buckets:
+            self.last_scores = {}
+            return findings
+        if self._last_scored is not None and now - self._last_scored != 1:
+            # The replay jumped a gap (or time went back): runs are not continuous any more.
+            self.continuity.reset()
+        self._last_scored = now
+        comparisons = peer_comparisons(window, cfg.min_group)
+        values = _impute_missing(window.window(now, cfg.window_s, layout.all_cols), comparisons)
+        all_means = all(
+            self.denoiser_for(m).denoiser.kind == "mean" for b in layout.buckets for m in b.metrics
+        )
+        if all_means:
+            # The default: one nan-mean over the whole window instead of one per metric.
+            counts = np.isfinite(values).sum(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means = np.where(
+                    counts > 0, np.nansum(values, axis=0) / np.maximum(counts, 1), np.nan
+                )
+        score = median_scores if self.scorer == "median" else pairwise_scores
+        offset = 0
+        for bucket in layout.buckets:
+            k, width = bucket.columns.shape
+            cols = slice(offset, offset + k * width)
+            offset += k * width
+            if all_means:
+                block = means[:, cols].reshape(n, k, width, 1)
+            else:
+                raw = values[:, :, cols].reshape(-1, n, k, width).transpose(1, 2, 3, 0)
+                parts = [
+                    self.denoiser_for(m).apply(raw[:, j]) for j, m in enumerate(bucket.metrics)
+                ]
+                length = max(p.shape[-1] for p in parts)
+                block = np.stack([np.broadcast_to(p, (n, width, length)) for p in parts], axis=1)
+            result = score(block, comparisons, cfg.rel_floor, bucket.floors)
+            findings += self._confirm(window, now, bucket.metrics, bucket.columns, result, scores)
+        self.last_scores = scores
+        return findings
+
+    def _confirm(
+        self,
+        window: JobWindow,
+        now: int,
+        metrics: list[str],
+        columns: np.ndarray,
+        result: BlockScores,
+        scores: dict[str, tuple[np.ndarray, np.ndarray]],
+    ) -> list[Finding]:
+        """Advance continuity for a block's metrics; findings for the confirmed machines."""
+        cfg = self.config
+        absz = np.where(np.isfinite(result.z), np.abs(result.z), -1.0)
+        device_idx = absz.argmax(axis=2)
+        top = np.take_along_axis(absz, device_idx[..., None], axis=2)[..., 0]
+        top = np.where(top < 0, np.nan, top)
+        findings = []
+        for j, metric in enumerate(metrics):
+            scores[metric] = (np.nan_to_num(top[:, j], nan=0.0), device_idx[:, j])
+            factor = self._threshold_factor(metric)
+            confirmed = self.continuity.update(metric, top[:, j], factor)
+            for m, run, peak in zip(
+                confirmed.machines.tolist(),
+                confirmed.run_s.tolist(),
+                confirmed.peak.tolist(),
+                strict=True,
+            ):
+                col = int(columns[j, device_idx[m, j]])
+                device = window.series[col][1]
+                signed = float(result.z[m, j, device_idx[m, j]])
+                findings.append(
+                    Finding(
+                        machine=int(m),
+                        kind=AlertKind.SIMILARITY,
+                        family="similarity",
+                        metric=metric,
+                        score=float(peak),
+                        first_sec=int(now - run + 1 - cfg.window_s // 2),
+                        devices=(device,) if device else (),
+                        # Evidence is built only for findings that fire (see evaluate).
+                        evidence={
+                            "col": col,
+                            "z": round(signed, 3),
+                            "peer_median": float(result.medians[m, j]),
+                            "scale": float(result.scales[m, j]),
+                            "threshold": cfg.threshold * factor,
+                        },
+                    )
+                )
+        return findings
+
+    def _threshold_factor(self, metric: str) -> float:
+        if not self.prioritise or self.priority.trusts(metric):
+            return 1.0
+        return self.config.untrusted_factor
+
+    def _choose(self, findings: list[Finding]) -> list[Finding]:
+        """One similarity finding per machine: the first metric in priority order that
+        confirms it (checking stops there), or the strongest without prioritisation."""
+        best: dict[int, Finding] = {}
+        for finding in findings:
+            current = best.get(finding.machine)
+            if current is None or self._before(finding, current):
+                best[finding.machine] = finding
+        return list(best.values())
+
+    def _before(self, a: Finding, b: Finding) -> bool:
+        if self.prioritise:
+            rank_a, rank_b = self.priority.rank(a.metric), self.priority.rank(b.metric)
+            if rank_a != rank_b:
+                return rank_a < rank_b
+        return a.score > b.score
+
+    # -- alerts -----------------------------------------------------------------------------
+    def _add_evidence(self, window: JobWindow, now: int, finding: Finding) -> None:
+        cfg = self.config
+        detail = finding.evidence
+        peers = next(
+            (
+                members
+                for targets, members in peer_comparisons(window, cfg.min_group)
+                if finding.machine in targets
+            ),
+            np.arange(window.n_machines),
+        )
+        evidence = similarity_evidence(window, now, int(detail["col"]), finding.machine, peers, cfg)
+        evidence.update(
+            {
+                "method": f"peer_{self.scorer}",
+                "denoiser": self.denoiser_for(finding.metric).denoiser.kind,
+                "metric": finding.metric,
+                "z": detail["z"],
+                "direction": "above" if detail["z"] > 0 else "below",
+                "threshold": detail["threshold"],
+                "continuity_s": cfg.continuity_s,
+                "severe_continuity_s": cfg.severe_level[1],
+                "peer_median": detail["peer_median"],
+                "scale": detail["scale"],
+                "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,
+                "other_metrics": sorted(
+                    metric
+                    for metric, (top, _) in self.last_scores.items()
+                    if metric != finding.metric and top[finding.machine] > cfg.threshold
+                ),
+            }
+        )
+        finding.evidence = evidence
+
+    def _to_alert(self, window: JobWindow, finding: Finding, now: int) -> Alert:
+        members = finding.evidence.get("domain_members")
+        if members:
+            machine = finding.evidence["domain"]
+            domain = machine
+        else:
+            info = window.machines[finding.machine]
+            machine, domain = info.name, info.domain
+        evidence = dict(finding.evidence)
+        evidence.setdefault("group", "" if members else window.machines[finding.machine].group)
+        return Alert(
+            job=window.job,
+            machine=machine,
+            kind=finding.kind,
+            metric=finding.metric,
+            score=finding.score,
+            first_ts=float(finding.first_sec),
+            detected_ts=float(now),
+            devices=finding.devices,
+            domain=domain,
+            evidence=evidence,
+        )
+
+
+def _impute_missing(
+    values: np.ndarray, comparisons: list[tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """Fill a machine's missing seconds with its peers' mean of that series at that second.
+
+    Training traffic is bursty (a few seconds at 10x the rest of a step): a window mean over
+    the present samples only would drop far below the peers' when the missing second was a
+    burst. Filled from the machine's own peers (its group) at the same second, a missing sample
+    adds no deviation, so the window is scored on what is present. A series a machine never
+    sent in the window stays NaN.
+    """
+    present = np.isfinite(values)
+    if present.all():
+        return values
+    fill = ~present & present.any(axis=0)[None]  # time, machine, column
+    out = values.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a second no peer reported stays NaN
+        for targets, members in comparisons:
+            per_second = np.nanmean(values[:, members], axis=1, keepdims=True)
+            part = out[:, targets]
+            out[:, targets] = np.where(fill[:, targets], per_second, part)
+    return out

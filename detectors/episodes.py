@@ -1,0 +1,123 @@
+"""Fault episodes: one fault, one alert; silence and link-down wait for their domain.
+
+A condition on a machine (a rule family, or similarity on a metric) opens an *episode* the first
+second it holds; it stays open while the condition keeps recurring and ends ``rearm_s`` after
+the last time it held, so seeing it again later is a new fault. Silence and link-down findings
+wait ``settle_s`` for their domain neighbours: when enough machines of one domain fail together,
+one alert names the domain instead of each machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+from detectors.config import DetectorConfig
+from detectors.findings import Finding
+from detectors.window import JobWindow
+from minder.core.alert import AlertKind
+
+DOMAIN_FAMILIES = frozenset({"silence", "nic"})
+"""Rule families whose findings may be a shared domain's fault."""
+
+
+class Episodes:
+    """Open episodes of one job, keyed by ``(machine, family)``."""
+
+    def __init__(self, config: DetectorConfig) -> None:
+        self.config = config
+        # (machine, family) -> last second the condition held.
+        self.active: dict[tuple[int, str], int] = {}
+        # (machine, family) -> (second it was first seen, finding), waiting for its domain.
+        self._pending: dict[tuple[int, str], tuple[int, Finding]] = {}
+        # Domains with an open domain-wide episode -> the machines it covers.
+        self._domain_members: dict[str, set[int]] = {}
+
+    def touch(self, key: tuple[int, str], now: int) -> bool:
+        """Record that ``key`` holds at ``now``; True when this starts a new episode."""
+        new = key not in self.active
+        self.active[key] = now
+        return new
+
+    def hold(self, finding: Finding, now: int) -> None:
+        """Keep a new silence / link-down finding until its domain had time to show."""
+        self._pending[(finding.machine, finding.family)] = (now, finding)
+
+    def expire(self, now: int) -> None:
+        """End the episodes whose condition has been absent for ``rearm_s``."""
+        limit = self.config.rearm_s
+        for key in [k for k, last in self.active.items() if now - last > limit]:
+            del self.active[key]
+            self._pending.pop(key, None)
+        active_machines = {m for m, _ in self.active}
+        for domain in [d for d, ms in self._domain_members.items() if not ms & active_machines]:
+            del self._domain_members[domain]
+
+    def machines_in(self, families: frozenset[str]) -> set[int]:
+        """Machines with an open episode of one of ``families``."""
+        return {m for (m, family) in self.active if family in families}
+
+    def settle(self, window: JobWindow, now: int) -> list[Finding]:
+        """Held findings whose wait is over: one domain finding where enough of a domain
+        failed together, the machines' own findings otherwise."""
+        cfg = self.config
+        ready = [k for k, (seen, _) in self._pending.items() if now - seen >= cfg.settle_s]
+        by_domain: dict[str, list[tuple[int, str]]] = {}
+        for key in ready:
+            by_domain.setdefault(window.machines[key[0]].domain, []).append(key)
+        out: list[Finding] = []
+        for domain, keys in by_domain.items():
+            if domain:
+                in_domain = [k for k in self._pending if window.machines[k[0]].domain == domain]
+                members = {m for m, _ in in_domain} | self._domain_members.get(domain, set())
+                size = sum(1 for info in window.machines if info.domain == domain)
+                needed = max(cfg.domain_min_machines, math.ceil(cfg.domain_fraction * size))
+                if len(members) >= needed:
+                    findings = [self._pending.pop(k)[1] for k in in_domain]
+                    if domain not in self._domain_members:
+                        out.append(domain_finding(window, domain, findings, sorted(members)))
+                    self._domain_members[domain] = members
+                    continue
+            out.extend(self._pending.pop(k)[1] for k in keys)
+        return out
+
+
+def domain_finding(
+    window: JobWindow, domain: str, findings: list[Finding], machines: list[int]
+) -> Finding:
+    """One finding that blames ``domain`` for its machines' findings."""
+    first = min(f.first_sec for f in findings)
+    kinds = sorted({f.kind.value for f in findings})
+    kind = AlertKind.SILENCE if kinds == ["silence"] else AlertKind.RULE
+    metric = findings[0].metric if len({f.metric for f in findings}) == 1 else "domain"
+    domain_size = sum(1 for info in window.machines if info.domain == domain)
+    return Finding(
+        machine=machines[0],
+        kind=kind,
+        family="domain",
+        metric=metric,
+        score=len(machines) / max(domain_size, 1),
+        first_sec=first,
+        devices=(),
+        evidence={
+            "rule": "domain",
+            "domain": domain,
+            "domain_members": [window.machines[m].name for m in machines],
+            "domain_size": domain_size,
+            "member_rules": sorted({str(f.evidence.get("rule")) for f in findings}),
+        },
+    )
+
+
+def merge_devices(findings: list[Finding]) -> list[Finding]:
+    """One finding per (machine, family) of one second, with the union of their devices."""
+    merged: dict[tuple[int, str], Finding] = {}
+    for finding in findings:
+        key = (finding.machine, finding.family)
+        first = merged.get(key)
+        if first is None:
+            merged[key] = finding
+            continue
+        first.devices = first.devices + tuple(d for d in finding.devices if d not in first.devices)
+        first.score = max(first.score, finding.score)
+        first.first_sec = min(first.first_sec, finding.first_sec)
+    return list(merged.values())

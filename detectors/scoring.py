@@ -1,0 +1,259 @@
+"""Peer scores of denoised windows: the O(N) distance to the peers' median, and the paper's
+pairwise Euclidean sum as the reference.
+
+A *block* holds one bucket of metrics that share a device count: ``(machine, metric, device,
+time)``. A metric's peers pool every device of every peer machine, so GPU 3 of one machine is
+compared with all GPUs of its peers, and the score names the device that deviates.
+
+Both scores end as a signed robust z: distance over a robust scale (1.4826 x the peers' median
+distance, floored per unit and relative to the level), so one threshold serves jobs of 8 and of
+10,000 machines. The sign says whether the machine reads above or below its peers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.config import UNIT_FLOORS
+from detectors.window import JobWindow
+from minder.core.metrics import MetricKind
+
+# Levels and bitmasks are handled by rules, not by distance to peers.
+NOT_SCORED: frozenset[str] = frozenset(
+    {"gpu_pcie_link_gen", "gpu_pcie_link_width", "rdma_port_up", "gpu_throttle_reasons"}
+)
+MAD_TO_SIGMA = 1.4826
+_PAIRWISE_CHUNK = 512
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreBucket:
+    """Scored metrics that share a device count: ``columns[metric, device]`` series indices."""
+
+    metrics: list[str]
+    columns: np.ndarray
+    floors: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreLayout:
+    """How the window's series are scored; rebuilt when new series appear."""
+
+    n_series: int
+    buckets: list[ScoreBucket]
+    all_cols: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class BlockScores:
+    """Scores of one block: ``z`` per ``(machine, metric, device)``; per ``(machine, metric)``
+    the peers' median level and the scale the machine was compared with."""
+
+    z: np.ndarray
+    medians: np.ndarray
+    scales: np.ndarray
+
+
+def score_layout(window: JobWindow) -> ScoreLayout:
+    """Bucket the window's scored metrics by device count, so each bucket is one numpy block.
+
+    Counts go to the rules; levels and bitmasks (:data:`NOT_SCORED`) too.
+    """
+    by_metric: dict[str, list[int]] = {}
+    for i, (metric, _) in enumerate(window.series):
+        spec = window.series_spec[i]
+        if spec.kind is MetricKind.COUNT or metric in NOT_SCORED:
+            continue
+        by_metric.setdefault(metric, []).append(i)
+    by_width: dict[int, list[str]] = {}
+    for metric, cols in by_metric.items():
+        by_width.setdefault(len(cols), []).append(metric)
+    buckets = []
+    for metrics in by_width.values():
+        columns = np.asarray([by_metric[m] for m in metrics], dtype=np.int64)
+        floors = np.asarray(
+            [UNIT_FLOORS.get(window.series_spec[by_metric[m][0]].unit, 1.0) for m in metrics]
+        )
+        buckets.append(ScoreBucket(metrics, columns, floors))
+    all_cols = (
+        np.concatenate([b.columns.ravel() for b in buckets])
+        if buckets
+        else np.zeros(0, dtype=np.int64)
+    )
+    return ScoreLayout(window.n_series, buckets, all_cols)
+
+
+def peer_comparisons(window: JobWindow, min_group: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(machines, their peers)`` pairs: each group against itself, small groups against all."""
+    everyone = np.arange(window.n_machines)
+    by_label: dict[str, list[int]] = {}
+    for i, info in enumerate(window.machines):
+        by_label.setdefault(info.group, []).append(i)
+    if len(by_label) == 1:
+        return [(everyone, everyone)]
+    pairs = []
+    small: list[int] = []
+    for members in by_label.values():
+        if len(members) >= min_group:
+            group = np.asarray(members)
+            pairs.append((group, group))
+        else:
+            small.extend(members)
+    if small:
+        pairs.append((np.asarray(sorted(small)), everyone))
+    return pairs
+
+
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """Median of each row ignoring NaN (NaN for an all-NaN row).
+
+    ``np.nanmedian`` along an axis goes through masked arrays and costs ~50x more on the small
+    blocks scored every second.
+    """
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    count = np.isfinite(values).sum(axis=1)
+    low = np.clip((count - 1) // 2, 0, None)
+    high = np.clip(count // 2, 0, None)
+    rows = np.arange(values.shape[0])
+    median = (ordered[rows, low] + ordered[rows, np.minimum(high, values.shape[1] - 1)]) / 2
+    return np.where(count > 0, median, np.nan)
+
+
+def _scale(
+    spread: np.ndarray, level: np.ndarray, rel_floor: float, floors: np.ndarray
+) -> np.ndarray:
+    return np.maximum(np.maximum(MAD_TO_SIGMA * spread, rel_floor * np.abs(level)), floors)
+
+
+def median_scores(
+    block: np.ndarray,
+    comparisons: list[tuple[np.ndarray, np.ndarray]],
+    rel_floor: float,
+    floors: np.ndarray,
+) -> BlockScores:
+    """O(N) scores of ``block[machine, metric, device, time]`` against the peers' median window.
+
+    Each machine-device's distance to the peers' median window is the RMS over time of the
+    difference; the scale is the peers' median distance (a MAD when the window is one value).
+    Missing values are skipped: a window is scored on the samples present, and a series a
+    machine never reports stays NaN (never an outlier). Work is proportional to each
+    comparison's machines, so many small groups cost no more than one big one.
+    """
+    n, k, width, w = block.shape
+    z = np.full((n, k, width), np.nan)
+    medians = np.full((n, k), np.nan)
+    scales = np.full((n, k), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # metrics nobody reported stay NaN
+        for targets, members in comparisons:
+            peers = block[members]
+            pooled = peers.transpose(1, 3, 0, 2).reshape(k * w, -1)  # (metric, time), points
+            center = row_nanmedian(pooled).reshape(k, w)
+            peer_dist, _ = _distance(peers, center)
+            flat = peer_dist.transpose(1, 0, 2).reshape(k, -1)
+            enough = np.isfinite(flat).sum(axis=1) >= 3
+            if not enough.any():
+                continue
+            spread = row_nanmedian(flat)
+            level = np.nanmean(center, axis=1)
+            scale = _scale(spread, level, rel_floor, floors)
+            own = peers if targets is members else block[targets]
+            dist, sign = _distance(own, center)
+            zt = np.where(sign == 0, 1.0, sign) * dist / scale[None, :, None]
+            zt[:, ~enough, :] = np.nan
+            z[targets] = zt
+            medians[targets] = np.where(enough, level, np.nan)
+            scales[targets] = scale
+    return BlockScores(z, medians, scales)
+
+
+def _distance(block: np.ndarray, center: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RMS distance over the present samples of each ``(machine, metric, device)`` window to
+    ``center[metric, time]``, and the sign of the mean difference."""
+    diff = block - center[None, :, None, :]
+    present = np.isfinite(diff)
+    counts = present.sum(axis=3)
+    filled = np.where(present, diff, 0.0)
+    dist = np.where(
+        counts > 0, np.sqrt((filled * filled).sum(axis=3) / np.maximum(counts, 1)), np.nan
+    )
+    return dist, np.sign(filled.sum(axis=3))
+
+
+def pairwise_scores(
+    block: np.ndarray,
+    comparisons: list[tuple[np.ndarray, np.ndarray]],
+    rel_floor: float,
+    floors: np.ndarray,
+) -> BlockScores:
+    """The paper's reference: each machine-device's mean Euclidean distance to every peer's
+    window (O(N^2) per metric), as a robust z against the peers' own mean distances.
+
+    Missing samples are filled with the window's mean of present samples before distances
+    are taken; a series with nothing present stays NaN. Only distances above the peers'
+    median count (a machine closer to everyone than usual is no outlier); the sign says
+    whether its level is above or below the peers'.
+    """
+    n, k, width, w = block.shape
+    z = np.full((n, k, width), np.nan)
+    medians = np.full((n, k), np.nan)
+    scales = np.full((n, k), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # series never reported stay NaN
+        means = np.nanmean(block, axis=3, keepdims=True)
+        filled = np.where(np.isfinite(block), block, means)
+        for targets, members in comparisons:
+            peers = filled[members].transpose(1, 0, 2, 3).reshape(k, -1, w)  # metric, point, t
+            peer_valid = np.isfinite(peers[..., 0])
+            peer_scores = _mean_distances(peers, peers, peer_valid)
+            if np.array_equal(targets, members):
+                own_scores = peer_scores
+            else:
+                own = filled[targets].transpose(1, 0, 2, 3).reshape(k, -1, w)
+                own_scores = _mean_distances(own, peers, peer_valid)
+            enough = np.isfinite(peer_scores).sum(axis=1) >= 3
+            center = row_nanmedian(peer_scores)
+            # The scale of the values themselves (as median_scores): the spread of mean pairwise
+            # distances is nearly flat and would shrink as jobs grow.
+            pooled = filled[members].transpose(1, 3, 0, 2).reshape(k * w, -1)
+            median_window = row_nanmedian(pooled).reshape(k, w)
+            peer_dist, _ = _distance(filled[members], median_window)
+            spread = row_nanmedian(peer_dist.transpose(1, 0, 2).reshape(k, -1))
+            level = row_nanmedian(means[members, :, :, 0].transpose(1, 0, 2).reshape(k, -1))
+            scale = _scale(spread, level, rel_floor, floors)
+            excess = np.maximum(own_scores - center[:, None], 0.0)  # metric, target point
+            excess = excess.reshape(k, targets.size, width).transpose(1, 0, 2)
+            sign = np.sign(means[targets, :, :, 0] - level[None, :, None])
+            zt = np.where(sign == 0, 1.0, sign) * excess / scale[None, :, None]
+            zt[:, ~enough, :] = np.nan
+            z[targets] = zt
+            medians[targets] = np.where(enough, level, np.nan)
+            scales[targets] = scale
+    return BlockScores(z, medians, scales)
+
+
+def _mean_distances(points: np.ndarray, peers: np.ndarray, peer_valid: np.ndarray) -> np.ndarray:
+    """``(metric, point)`` mean RMS distance of each point's window to the valid peers'.
+
+    Chunked so the ``(chunk x peers)`` distance matrices stay small; a point with nothing
+    present is NaN.
+    """
+    w = points.shape[2]
+    points_valid = np.isfinite(points[..., 0])
+    a = np.where(points_valid[..., None], points, 0.0)
+    b = np.where(peer_valid[..., None], peers, 0.0)
+    b_sq = (b * b).sum(axis=2)
+    total = np.zeros(a.shape[:2])
+    for start in range(0, a.shape[1], _PAIRWISE_CHUNK):
+        part = a[:, start : start + _PAIRWISE_CHUNK]
+        # |a-b|^2 = |a|^2 + |b|^2 - 2ab, one (chunk x peers) matrix per metric.
+        sq = (part * part).sum(axis=2)[:, :, None] + b_sq[:, None, :]
+        sq -= 2 * np.einsum("kct,kpt->kcp", part, b)
+        dist = np.sqrt(np.maximum(sq, 0.0) / w)
+        total[:, start : start + _PAIRWISE_CHUNK] = (dist * peer_valid[:, None, :]).sum(axis=2)
+    # A point among its own peers is at distance 0 from itself: average over the others.
+    count = np.maximum(peer_valid.sum(axis=1) - 1, 1)[:, None]
+    return np.where(points_valid, total / count, np.nan)

@@ -1,0 +1,464 @@
+"""The labelled scenario suites of ``minder bench detect``, built from the simulator.
+
+Every faulty case is one job with one fault, injected at a random time after a warm-up, on a
+random machine and device, at a varied severity (fail-slow faults mostly mild, as they are in
+production), in a job of a random size, rhythm, noise level and pipeline layout. The fault types
+follow the shares of the paper's Table 1 (research/minder.md §3), with at least
+:data:`MIN_PER_TYPE` instances of each in the ``standard`` and ``full`` suites; switch reboots
+(the link-loss and the silent form) come on top. Fault-free cases carry only confounders:
+checkpoints, evaluation phases, a heavier last pipeline stage, 10-second blips, agent restarts,
+missing, late and duplicated samples. Everything random is drawn from the suite seed, so a suite
+name and a seed fix every case.
+
+Suites
+------
+``quick``
+    One instance of every Table 1 type, a switch reboot and two fault-free runs, 8-32 machines,
+    a few minutes each: for tests and CI.
+``standard``
+    Table 1 shares (~70 faults), switch reboots, fault-free runs; 8-512 machines. The default.
+``full``
+    ``standard`` plus faulty jobs of 1024 and 2048 machines and fault-free runs that total over
+    1000 machine-hours, so that false alarms per 1000 machine-hours is measured, not guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collectors.sim import FaultType, Scenario
+
+SUITES: tuple[str, ...] = ("quick", "standard", "full")
+
+TABLE1_SHARES: dict[FaultType, float] = {
+    FaultType.ECC_ERROR: 38.9,
+    FaultType.CUDA_EXECUTION_ERROR: 14.6,
+    FaultType.GPU_EXECUTION_ERROR: 7.7,
+    FaultType.PCIE_DOWNGRADE: 6.6,
+    FaultType.MACHINE_UNREACHABLE: 6.0,
+    FaultType.NIC_DOWN: 5.7,
+    FaultType.HDFS_ERROR: 5.7,
+    FaultType.GPU_LOST: 2.0,
+    FaultType.NVLINK_ERROR: 1.7,
+    FaultType.AOC_ERROR: 0.9,
+}
+"""Share (%) of each fault type among production faults (Table 1; the rows sum to 89.8 %)."""
+
+FAIL_STOP: frozenset[str] = frozenset(
+    {
+        "ecc_error",
+        "gpu_lost",
+        "nic_down",
+        "machine_unreachable",
+        "cuda_execution_error",
+        "gpu_execution_error",
+        "switch_reboot",
+        "gpu_xid",
+    }
+)
+"""Faults that stop the job (or a link) at once."""
+FAIL_SLOW: frozenset[str] = frozenset(
+    {"pcie_downgrade", "nvlink_error", "aoc_error", "hdfs_error", "thermal_throttle"}
+)
+"""Faults that only slow the job down."""
+
+MIN_PER_TYPE = 3
+"""Fewest instances of each Table 1 type in the ``standard`` and ``full`` suites."""
+WARM_UP_S = 120
+"""No fault starts earlier: the detector's windows and the job's rhythm must settle first."""
+
+_STANDARD_FAULTS = 60
+_STANDARD_SIZES = (8, 16, 16, 32, 32, 64, 64, 128, 128, 256, 512)
+"""Sizes of the faulty jobs of ``standard``, cycled then shuffled (more small jobs than big)."""
+_STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3}
+"""``full`` shares ``standard``'s stream, so its first cases are exactly ``standard``'s."""
+_FULL_STREAM = 4
+
+
+@dataclass(frozen=True, slots=True)
+class BenchCase:
+    """One labelled scenario of a suite.
+
+    Attributes
+    ----------
+    name
+        Unique within the suite; also the job's name.
+    scenario
+        The simulator scenario (one job).
+    fault
+        The injected fault type, or None for a fault-free case.
+    machines
+        Machines of the job.
+    duration_s
+        Seconds simulated.
+    is_fault_free
+        No fault injected: every alert is a false alarm.
+    detail
+        What was drawn (severity, device, start, confounders), for the report.
+    """
+
+    name: str
+    scenario: Scenario
+    fault: str | None
+    machines: int
+    duration_s: int
+    is_fault_free: bool
+    detail: str = ""
+
+    @property
+    def machine_hours(self) -> float:
+        """Machines times hours simulated."""
+        return self.machines * self.duration_s / 3600.0
+
+    @property
+    def fail_mode(self) -> str | None:
+        """``"fail-stop"``, ``"fail-slow"`` or None (fault-free)."""
+        if self.fault is None:
+            return None
+        return "fail-stop" if self.fault in FAIL_STOP else "fail-slow"
+
+
+def instance_counts(total: int, minimum: int = MIN_PER_TYPE) -> dict[FaultType, int]:
+    """Instances per Table 1 type: ``total`` split by the shares (largest remainder), each
+    raised to ``minimum``."""
+    if total < 1:
+        raise ValueError(f"total is {total!r}: expected a positive number of faults")
+    weight = sum(TABLE1_SHARES.values())
+    exact = {t: total * share / weight for t, share in TABLE1_SHARES.items()}
+    counts = {t: math.floor(x) for t, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda t: exact[t] - counts[t], reverse=True)
+    for t in by_remainder[: total - sum(counts.values())]:
+        counts[t] += 1
+    return {t: max(minimum, n) for t, n in counts.items()}
+
+
+def build_suite(name: str = "standard", seed: int = 0) -> list[BenchCase]:
+    """The cases of suite ``name`` (one of :data:`SUITES`) for ``seed``."""
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}: expected one of {', '.join(SUITES)}")
+    if seed < 0:
+        raise ValueError(f"seed is {seed!r}: expected a non-negative integer")
+    builder = _Builder(seed, _STREAMS[name], prefix="q" if name == "quick" else "s")
+    if name == "quick":
+        return _quick(builder)
+    cases = _standard(builder)
+    if name == "full":
+        cases += _full_extra(_Builder(seed, _FULL_STREAM, prefix="f"))
+    return cases
+
+
+def build_training_suite(seed: int = 0) -> list[BenchCase]:
+    """A small labelled suite to train on: every Table 1 type once (twice for ECC and CUDA),
+    a switch reboot and a fault-free run, 8-32 machines, 6-8 minutes each, drawn from another
+    random stream than any test suite."""
+    b = _Builder(seed, _STREAMS["train"], prefix="t")
+    sizes = [16, 16, 32, 8, 16, 16, 32, 8, 16, 16, 16, 16]
+    kinds = [*TABLE1_SHARES, FaultType.ECC_ERROR, FaultType.CUDA_EXECUTION_ERROR]
+    cases = [
+        b.faulty(kind, size, post_s=240, max_start_s=240)
+        for kind, size in zip(kinds, sizes, strict=True)
+    ]
+    cases.append(b.switch_reboot(32, silent=False, post_s=240, max_start_s=240))
+    cases.append(b.fault_free(16, 600))
+    return cases
+
+
+# -- suites ----------------------------------------------------------------------------------
+
+
+def _quick(b: _Builder) -> list[BenchCase]:
+    sizes = {
+        FaultType.ECC_ERROR: 16,
+        FaultType.CUDA_EXECUTION_ERROR: 8,
+        FaultType.GPU_EXECUTION_ERROR: 16,
+        FaultType.PCIE_DOWNGRADE: 16,
+        FaultType.MACHINE_UNREACHABLE: 8,
+        FaultType.NIC_DOWN: 16,
+        FaultType.HDFS_ERROR: 16,
+        FaultType.GPU_LOST: 8,
+        FaultType.NVLINK_ERROR: 16,
+        FaultType.AOC_ERROR: 8,
+    }
+    cases = [b.faulty(kind, size, post_s=180, max_start_s=180) for kind, size in sizes.items()]
+    cases.append(b.switch_reboot(32, silent=False, post_s=180, max_start_s=180))
+    cases.append(b.fault_free(16, 600))
+    cases.append(b.fault_free(24, 480, pp_stages=2))
+    return cases
+
+
+def _standard(b: _Builder) -> list[BenchCase]:
+    counts = instance_counts(_STANDARD_FAULTS)
+    kinds = [kind for kind, n in counts.items() for _ in range(n)]
+    sizes = [int(s) for s in np.resize(np.array(_STANDARD_SIZES), len(kinds))]
+    order = b.rng.permutation(len(kinds))
+    cases = [b.faulty(kinds[i], sizes[j]) for j, i in enumerate(order)]
+    for size, silent in ((32, False), (128, True), (256, False), (64, True)):
+        cases.append(b.switch_reboot(size, silent=silent))
+    for size, pp in ((8, 1), (16, 2), (32, 1), (64, 4), (64, 2), (128, 4), (256, 2), (512, 4)):
+        cases.append(b.fault_free(size, 1200, pp_stages=pp))
+    return cases
+
+
+def _full_extra(b: _Builder) -> list[BenchCase]:
+    cases = [
+        b.faulty(FaultType.ECC_ERROR, 1024),
+        b.faulty(FaultType.CUDA_EXECUTION_ERROR, 2048),
+        b.faulty(FaultType.GPU_EXECUTION_ERROR, 1024),
+        b.faulty(FaultType.PCIE_DOWNGRADE, 2048),
+        b.faulty(FaultType.NIC_DOWN, 1024),
+        b.faulty(FaultType.MACHINE_UNREACHABLE, 2048),
+        b.faulty(FaultType.HDFS_ERROR, 1024),
+        b.faulty(FaultType.NVLINK_ERROR, 2048),
+        b.switch_reboot(2048, silent=True),
+        b.switch_reboot(1024, silent=False),
+    ]
+    # 2048 x 30 min + 1024 x 30 min = 1536 machine-hours of fault-free data on their own.
+    cases.append(b.fault_free(1024, 1800, pp_stages=4))
+    cases.append(b.fault_free(2048, 1800, pp_stages=8))
+    return cases
+
+
+# -- case builder ----------------------------------------------------------------------------
+
+
+class _Builder:
+    """Draws cases from one random stream; names them ``{prefix}{number:03d}-{kind}-n{size}``."""
+
+    def __init__(self, seed: int, stream: int, prefix: str) -> None:
+        self.rng = np.random.default_rng([seed, stream])
+        self.prefix = prefix
+        self.count = 0
+
+    def _name(self, kind: str, machines: int) -> str:
+        self.count += 1
+        return f"{self.prefix}{self.count:03d}-{kind.replace('_', '-')}-n{machines}"
+
+    def _u(self, low: float, high: float) -> float:
+        return float(self.rng.uniform(low, high))
+
+    def _job(self, name: str, machines: int, pp_stages: int | None = None) -> dict[str, Any]:
+        """A job of ``machines`` with a random rhythm, noise and layout."""
+        rng = self.rng
+        if pp_stages is None:
+            # Stages of at least 4 machines: the detector's smallest peer group.
+            choices = [p for p in (1, 1, 2, 4) if machines // p >= 4]
+            pp_stages = int(rng.choice(choices))
+        job: dict[str, Any] = {
+            "name": name,
+            "machines": machines,
+            "pp_stages": pp_stages,
+            "last_stage_extra_load": round(self._u(0.05, 0.15), 3),
+            "machines_per_domain": max(4, min(16, machines // 4)),
+            "step_time_s": round(self._u(2.0, 10.0), 2),
+            "comm_fraction": round(self._u(0.2, 0.4), 3),
+            "noise": round(self._u(0.8, 1.3), 2),
+            "missing_rate": float(rng.choice([0.0, 0.001, 0.005])),
+            "late_rate": float(rng.choice([0.0, 0.001, 0.005])),
+            "duplicate_rate": float(rng.choice([0.0, 0.0, 0.0005])),
+        }
+        if rng.random() < 0.5:
+            every = float(rng.choice([300.0, 600.0, 900.0]))
+            job["checkpoint_every_s"] = every
+            job["checkpoint_duration_s"] = round(self._u(15.0, 40.0), 1)
+        return job
+
+    def _scenario(self, job: dict[str, Any], duration_s: int, **extra: Any) -> Scenario:
+        seed = int(self.rng.integers(2**31 - 1))
+        return Scenario.model_validate(
+            {"seed": seed, "duration_s": duration_s, "jobs": [job], **extra}
+        )
+
+    def _confounders(
+        self, machines: int, duration_s: int, blips: int, restarts: int
+    ) -> list[dict[str, Any]]:
+        rng = self.rng
+        out: list[dict[str, Any]] = []
+        for _ in range(blips):
+            out.append(
+                {
+                    "type": "blip",
+                    "machine": int(rng.integers(machines)),
+                    "start_s": float(rng.integers(60, duration_s - 30)),
+                    "severity": round(self._u(0.5, 1.5), 2),
+                }
+            )
+        for _ in range(restarts):
+            out.append(
+                {
+                    "type": "agent_restart",
+                    "machine": int(rng.integers(machines)),
+                    "start_s": float(rng.integers(60, duration_s - 30)),
+                    "duration_s": float(rng.integers(2, 9)),
+                }
+            )
+        return out
+
+    def faulty(
+        self, kind: FaultType, machines: int, post_s: int = 360, max_start_s: int = 420
+    ) -> BenchCase:
+        """One job of ``machines`` with one ``kind`` fault from a random time after warm-up."""
+        rng = self.rng
+        name = self._name(kind.value, machines)
+        job = self._job(name, machines)
+        start = round(self._u(WARM_UP_S, max_start_s), 1)
+        duration = 60 * math.ceil((start + post_s) / 60)
+        fault, detail = _FAULTS[kind](self, machines)
+        fault.update({"type": kind.value, "machine": int(rng.integers(machines)), "start_s": start})
+        confounders = self._confounders(
+            machines, duration, blips=int(rng.integers(0, 3)), restarts=int(rng.integers(0, 2))
+        )
+        scenario = self._scenario(job, duration, faults=[fault], confounders=confounders)
+        text = f"{detail}, machine {fault['machine']}, start {start:.0f} s"
+        return BenchCase(name, scenario, kind.value, machines, duration, False, text)
+
+    def switch_reboot(
+        self, machines: int, *, silent: bool, post_s: int = 360, max_start_s: int = 420
+    ) -> BenchCase:
+        """A leaf switch of the job reboots for 1-4 minutes (``silent``: its machines go quiet)."""
+        name = self._name("switch_reboot", machines)
+        job = self._job(name, machines)
+        domains = -(-machines // job["machines_per_domain"])
+        if domains < 2:
+            raise ValueError(f"switch_reboot needs two domains or more: {machines} machines")
+        start = round(self._u(WARM_UP_S, max_start_s), 1)
+        duration = 60 * math.ceil((start + post_s) / 60)
+        fault = {
+            "type": "switch_reboot",
+            "domain": f"leaf-{int(self.rng.integers(domains)):02d}",
+            "start_s": start,
+            "duration_s": float(self.rng.integers(60, 241)),
+            "silent": silent,
+        }
+        scenario = self._scenario(job, duration, faults=[fault])
+        text = f"{fault['domain']} {'silent' if silent else 'links down'} for " + (
+            f"{fault['duration_s']:.0f} s, start {start:.0f} s"
+        )
+        return BenchCase(name, scenario, "switch_reboot", machines, duration, False, text)
+
+    def fault_free(self, machines: int, duration_s: int, pp_stages: int | None = None) -> BenchCase:
+        """A job with no fault and every kind of confounder."""
+        rng = self.rng
+        name = self._name("fault_free", machines)
+        job = self._job(name, machines, pp_stages)
+        # Every fault-free job checkpoints and loses, delays and repeats a few samples.
+        job["checkpoint_every_s"] = float(rng.choice([300.0, 600.0]))
+        job["checkpoint_duration_s"] = round(self._u(15.0, 40.0), 1)
+        job["missing_rate"] = float(rng.choice([0.001, 0.005, 0.01]))
+        job["late_rate"] = float(rng.choice([0.001, 0.005]))
+        job["duplicate_rate"] = 0.0005
+        minutes = duration_s / 60
+        confounders = self._confounders(
+            machines,
+            duration_s,
+            blips=max(2, round(minutes / 4)),
+            restarts=max(1, round(minutes / 8)),
+        )
+        for _ in range(1 + int(rng.integers(0, 2))):
+            length = float(rng.integers(60, 181))
+            confounders.append(
+                {
+                    "type": "eval_phase",
+                    "start_s": float(rng.integers(WARM_UP_S, duration_s - int(length))),
+                    "duration_s": length,
+                }
+            )
+        scenario = self._scenario(job, duration_s, confounders=confounders)
+        kinds = sorted({c["type"] for c in confounders})
+        text = f"pp{job['pp_stages']}, checkpoints, {', '.join(kinds)}"
+        return BenchCase(name, scenario, None, machines, duration_s, True, text)
+
+
+# -- fault parameters ------------------------------------------------------------------------
+
+
+def _gpu(b: _Builder) -> str:
+    return f"gpu{int(b.rng.integers(8))}"
+
+
+def _nic(b: _Builder) -> str:
+    return f"mlx5_{int(b.rng.integers(4))}"
+
+
+def _ecc(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    device = _gpu(b)
+    return {"device": device}, f"DBE on {device}"
+
+
+def _gpu_lost(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    device = _gpu(b)
+    return {"device": device}, f"{device} off the bus"
+
+
+def _gpu_exec(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    many = int(b.rng.choice([1, 1, 1, 2, 8]))
+    if many == 8:
+        return {"device": "all"}, "every GPU hangs"
+    picks = sorted({_gpu(b) for _ in range(many)})
+    return {"device": tuple(picks)}, f"{'+'.join(picks)} hang"
+
+
+def _cuda(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    return {}, "process dies"
+
+
+def _unreachable(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    return {}, "machine silent"
+
+
+def _nic_down(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    device = _nic(b)
+    severity = round(b._u(0.5, 1.25), 2)
+    return {"device": device, "severity": severity}, f"{device} down, severity {severity}"
+
+
+def _pcie(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+    device = _gpu(b)
+    severity = round(b._u(0.3, 1.0), 2)
+    draw = b.rng.random()
+    if draw < 0.6:
+        link: dict[str, Any] = {"link_width": 8}
+    elif draw < 0.8:
+        link = {"link_width": 4}
+    else:
+        link = {"link_gen": int(b.rng.choice([3, 4]))}
+    text = ", ".join(f"{k} {v}" for k, v in link.items())
+    return {"device": device, "severity": severity, **link}, f"{device} {text}, sev {severity}"
+
+
+_FaultDraw = Callable[["_Builder", int], tuple[dict[str, Any], str]]
+
+
+def _mild(
+    label: str, device: Callable[[_Builder], str] | None, low: float, high: float
+) -> _FaultDraw:
+    """A fail-slow fault of a severity drawn from ``[low, high]``."""
+
+    def draw(b: _Builder, machines: int) -> tuple[dict[str, Any], str]:
+        severity = round(b._u(low, high), 2)
+        fault: dict[str, Any] = {"severity": severity}
+        where = ""
+        if device is not None:
+            fault["device"] = device(b)
+            where = f" on {fault['device']}"
+        return fault, f"{label}{where}, severity {severity}"
+
+    return draw
+
+
+_FAULTS: dict[FaultType, _FaultDraw] = {
+    FaultType.ECC_ERROR: _ecc,
+    FaultType.CUDA_EXECUTION_ERROR: _cuda,
+    FaultType.GPU_EXECUTION_ERROR: _gpu_exec,
+    FaultType.PCIE_DOWNGRADE: _pcie,
+    FaultType.MACHINE_UNREACHABLE: _unreachable,
+    FaultType.NIC_DOWN: _nic_down,
+    FaultType.HDFS_ERROR: _mild("data loader starved", None, 0.15, 0.8),
+    FaultType.GPU_LOST: _gpu_lost,
+    FaultType.NVLINK_ERROR: _mild("NVLink errors", _gpu, 0.3, 1.0),
+    FaultType.AOC_ERROR: _mild("bad optical cable", _nic, 0.3, 1.0),
+}

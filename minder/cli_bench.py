@@ -1,0 +1,193 @@
+"""``minder bench``: benchmarks (registered by ``minder/cli.py``).
+
+``minder bench detect`` runs detection methods over a labelled suite of simulated jobs and
+reports precision, recall, F1, onset-to-alert latency, false alarms per 1000 machine-hours and
+CPU cost (see :mod:`minder.benchmark`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from minder.benchmark.replay import DEFAULT_GRACE_S
+from minder.benchmark.report import markdown, render
+from minder.benchmark.runner import DEFAULT_MAX_MACHINES, BenchOptions, run_benchmark
+from minder.core.errors import MinderError
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks of the detectors on labelled simulated jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+_err = Console(stderr=True)
+
+
+class Suite(StrEnum):
+    """Suites of ``minder bench detect``."""
+
+    quick = "quick"
+    standard = "standard"
+    full = "full"
+
+
+class OutputFormat(StrEnum):
+    """How the results are printed."""
+
+    table = "table"
+    json = "json"
+
+
+@bench_app.callback()
+def _bench() -> None:
+    """Benchmarks of the detectors on labelled simulated jobs."""
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_limits(text: str) -> dict[str, int]:
+    """``pairwise=512,lof=256`` → ``{"pairwise": 512, "lof": 256}``; ``none`` → no limit."""
+    if text.strip().lower() in ("", "none"):
+        return {}
+    out: dict[str, int] = {}
+    for part in _split(text):
+        method, sep, value = part.partition("=")
+        try:
+            limit = int(value)
+        except ValueError:
+            limit = -1
+        if not sep or limit < 0:
+            raise typer.BadParameter(
+                f"{part!r} is not METHOD=MACHINES: expected e.g. 'pairwise=512,lof=256' or 'none'"
+            )
+        out[method.strip()] = limit
+    return out
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str, float, int], None] | None]:
+    """A rich progress bar on stderr: one step per case and variant."""
+    if not enabled:
+        yield None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=_err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(description: str, done: float, total: int) -> None:
+            bar.update(task, description=escape(description), completed=done, total=total)
+
+        yield update
+
+
+@bench_app.command("detect")
+def detect_command(
+    suite: Annotated[Suite, typer.Option(help="Scenario suite.")] = Suite.standard,
+    methods: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: minder, pairwise, mahalanobis, iforest, ecod, copod, lof."
+        ),
+    ] = "minder",
+    ablations: Annotated[
+        bool,
+        typer.Option(
+            "--ablations", help="Add minder rows without denoiser, continuity, prioritisation."
+        ),
+    ] = False,
+    denoisers: Annotated[
+        str,
+        typer.Option(help="Add a 'minder [DENOISER]' row for each (mean, median, ewma, pca, …)."),
+    ] = "",
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the suite and training suite.")] = 0,
+    train: Annotated[
+        bool, typer.Option("--train/--no-train", help="Train the engine's model first.")
+    ] = True,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", "-f", help="Print tables or JSON.")
+    ] = OutputFormat.table,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Also write the JSON results here.")
+    ] = None,
+    markdown_file: Annotated[
+        Path | None,
+        typer.Option("--markdown", help="Write a markdown section (tables + command) here."),
+    ] = None,
+    max_machines_for: Annotated[
+        str,
+        typer.Option(
+            help="Largest job per slow method, METHOD=MACHINES,… ('none': no limit); bigger "
+            "cases are skipped and reported."
+        ),
+    ] = ",".join(f"{k}={v}" for k, v in DEFAULT_MAX_MACHINES.items()),
+    grace: Annotated[
+        int, typer.Option(min=0, help="Seconds each second waits for late samples.")
+    ] = DEFAULT_GRACE_S,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
+    ] = True,
+) -> None:
+    """Run detection methods over a labelled suite and report P/R/F1, latency, false alarms
+    and CPU cost."""
+    try:
+        options = BenchOptions(
+            suite=suite.value,
+            seed=seed,
+            methods=_split(methods),
+            ablations=ablations,
+            denoisers=_split(denoisers),
+            train=train,
+            max_machines=parse_limits(max_machines_for),
+            grace_s=grace,
+        )
+    except ValueError as exc:
+        _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=2) from None
+    try:
+        with _progress(progress and _err.is_terminal) as update:
+            result = run_benchmark(options, progress=update)
+    except MinderError as exc:
+        _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=1) from None
+    data = result.to_dict()
+    text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text + "\n")
+        _err.print(f"wrote {output}")
+    if markdown_file is not None:
+        markdown_file.parent.mkdir(parents=True, exist_ok=True)
+        markdown_file.write_text(markdown(result))
+        _err.print(f"wrote {markdown_file}")
+    if output_format is OutputFormat.json:
+        sys.stdout.write(text + "\n")
+    else:
+        render(result, Console(width=None if sys.stdout.isatty() else 160))

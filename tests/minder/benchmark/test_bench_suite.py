@@ -1,0 +1,143 @@
+"""Composition of the benchmark suites: fault types and shares, sizes, confounders, seeds."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from collectors.sim import scenario_labels
+from minder.benchmark.suite import (
+    FAIL_SLOW,
+    FAIL_STOP,
+    MIN_PER_TYPE,
+    SUITES,
+    TABLE1_SHARES,
+    WARM_UP_S,
+    BenchCase,
+    build_suite,
+    build_training_suite,
+    instance_counts,
+)
+
+TABLE1 = {t.value for t in TABLE1_SHARES}
+
+
+@pytest.fixture(scope="module")
+def suites() -> dict[str, list[BenchCase]]:
+    return {name: build_suite(name, seed=0) for name in SUITES}
+
+
+def faults(cases: list[BenchCase]) -> Counter[str]:
+    return Counter(c.fault for c in cases if c.fault is not None)
+
+
+def test_every_case_is_one_job_with_its_labelled_fault(suites: dict[str, list[BenchCase]]) -> None:
+    for case in suites["standard"]:
+        assert len(case.scenario.jobs) == 1
+        assert case.scenario.jobs[0].machines == case.machines
+        assert case.scenario.duration_s == case.duration_s
+        truth = scenario_labels(case.scenario)
+        if case.is_fault_free:
+            assert case.fault is None and truth.empty and not case.scenario.faults
+            continue
+        assert set(truth["fault"]) == {case.fault}
+        assert truth["fault_index"].nunique() == 1
+        fault = case.scenario.faults[0]
+        assert fault.start_s >= WARM_UP_S
+        assert case.duration_s - fault.start_s >= 120  # time left to detect it
+    names = [c.name for c in suites["full"]]
+    assert len(set(names)) == len(names)
+
+
+def test_quick_has_every_type_once_in_small_jobs(suites: dict[str, list[BenchCase]]) -> None:
+    quick = suites["quick"]
+    assert set(faults(quick)) == TABLE1 | {"switch_reboot"}
+    assert sum(c.is_fault_free for c in quick) >= 2
+    assert max(c.machines for c in quick) <= 32
+    assert sum(c.machines * c.duration_s for c in quick) < 100_000  # machine-seconds
+
+
+def test_standard_follows_table1_shares(suites: dict[str, list[BenchCase]]) -> None:
+    counts = faults(suites["standard"])
+    assert set(counts) == TABLE1 | {"switch_reboot"}
+    assert min(counts[t] for t in TABLE1) >= MIN_PER_TYPE
+    table1_total = sum(counts[t] for t in TABLE1)
+    weight = sum(TABLE1_SHARES.values())
+    for kind, share in TABLE1_SHARES.items():
+        expected = share / weight
+        got = counts[kind.value] / table1_total
+        # Shares followed within a few points; the rarest types are lifted to the minimum.
+        assert abs(got - expected) < 0.05 or counts[kind.value] == MIN_PER_TYPE, kind
+    assert counts.most_common(1)[0][0] == "ecc_error"
+    assert counts["cuda_execution_error"] > counts["gpu_execution_error"] > counts["aoc_error"]
+
+
+def test_standard_sizes_layouts_and_confounders(suites: dict[str, list[BenchCase]]) -> None:
+    standard = suites["standard"]
+    sizes = {c.machines for c in standard}
+    assert min(sizes) == 8 and max(sizes) == 512 and len(sizes) >= 6
+    jobs = [c.scenario.jobs[0] for c in standard]
+    assert any(j.pp_stages == 2 for j in jobs) and any(j.pp_stages == 4 for j in jobs)
+    reboots = [c.scenario.faults[0] for c in standard if c.fault == "switch_reboot"]
+    assert {f.silent for f in reboots} == {True, False}
+    free = [c for c in standard if c.is_fault_free]
+    kinds = {k.type.value for c in free for k in c.scenario.confounders}
+    assert kinds == {"blip", "eval_phase", "agent_restart"}
+    assert all(c.scenario.jobs[0].checkpoint_every_s for c in free)
+    assert all(
+        c.scenario.jobs[0].missing_rate > 0 and c.scenario.jobs[0].late_rate > 0 for c in free
+    )
+    assert any(c.scenario.jobs[0].pp_stages > 1 for c in free)  # a heavier last stage
+    slow = [c.scenario.faults[0].severity for c in standard if c.fault in FAIL_SLOW]
+    assert min(slow) < 0.5 < max(slow)  # mild fail-slow faults too
+    assert {c.fail_mode for c in standard} == {"fail-stop", "fail-slow", None}
+    assert {c.fault for c in standard if c.fail_mode == "fail-stop"} <= FAIL_STOP
+
+
+def test_full_adds_big_jobs_and_1000_fault_free_machine_hours(
+    suites: dict[str, list[BenchCase]],
+) -> None:
+    full, standard = suites["full"], suites["standard"]
+    sizes = {c.machines for c in full}
+    assert min(sizes) == 8 and {1024, 2048} <= sizes and max(sizes) == 2048
+    assert sum(c.machine_hours for c in full if c.is_fault_free) >= 1000
+    assert sum(c.machine_hours for c in standard if c.is_fault_free) < 1000
+    # full is standard plus more: the same first cases.
+    assert [c.name for c in full[: len(standard)]] == [c.name for c in standard]
+    assert full[0].scenario == standard[0].scenario
+    big = [c for c in full if c.machines >= 1024 and not c.is_fault_free]
+    assert len({c.fault for c in big}) >= 5
+
+
+def test_suites_are_deterministic_per_seed() -> None:
+    first, again = build_suite("quick", 3), build_suite("quick", 3)
+    assert [c.scenario for c in first] == [c.scenario for c in again]
+    other = build_suite("quick", 4)
+    assert [c.scenario.seed for c in other] != [c.scenario.seed for c in first]
+
+
+def test_training_suite_covers_every_type_with_other_seeds() -> None:
+    train = build_training_suite(0)
+    assert set(faults(train)) >= TABLE1 | {"switch_reboot"}
+    assert any(c.is_fault_free for c in train)
+    assert max(c.machines for c in train) <= 32
+    test_seeds = {c.scenario.seed for name in SUITES for c in build_suite(name, 0)[:20]}
+    assert not test_seeds & {c.scenario.seed for c in train}
+    assert len({c.scenario.jobs[0].name for c in train}) == len(train)
+
+
+def test_instance_counts_split_by_share_with_a_minimum() -> None:
+    counts = instance_counts(60)
+    assert counts[next(iter(TABLE1_SHARES))] == 26  # ECC: 60 x 38.9 / 89.8
+    assert min(counts.values()) == MIN_PER_TYPE
+    assert sum(instance_counts(1000, minimum=0).values()) == 1000
+    with pytest.raises(ValueError, match="positive"):
+        instance_counts(0)
+
+
+def test_unknown_suite_and_bad_seed_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"unknown suite 'huge'.*quick, standard, full"):
+        build_suite("huge")
+    with pytest.raises(ValueError, match="seed"):
+        build_suite("quick", -1)

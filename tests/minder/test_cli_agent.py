@@ -1,0 +1,347 @@
+"""``minder agent``: ``--once`` against a captured sysfs tree and a fake ethtool, errors, and a
+short real run against the embedded broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from minder.cli_agent import agent_command, build_sources
+from minder.core.codec import batch_from_dict
+from minder.core.metrics import validate_sample
+
+SHARED = (
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
+)
+
+app = typer.Typer()
+app.command(name="agent")(agent_command)
+
+
+@app.callback()
+def _root() -> None:
+    """Registered like minder/cli.py does, so `agent` stays a subcommand."""
+
+
+runner = CliRunner()
+
+
+def _sysfs(tmp_path: Path) -> Path:
+    """The node_exporter sysfs tree, with an Ethernet netdev under mlx4_0 for ethtool."""
+    from collectors.ttar import unpack_ttar
+
+    archive = SHARED / "node_exporter_sys_class_infiniband.ttar"
+    if not archive.exists():
+        pytest.skip(f"shared sysfs fixtures absent: {archive}")
+    unpack_ttar(archive, tmp_path / "tree")
+    root = tmp_path / "tree" / "sys"
+    netdev = root / "class" / "infiniband" / "mlx4_0" / "device" / "net" / "eth1"
+    netdev.mkdir(parents=True)
+    (netdev / "dev_port").write_text("0\n")
+    (netdev / "type").write_text("1\n")
+    return root
+
+
+def _fake_ethtool(tmp_path: Path) -> Path:
+    """`ethtool -S <netdev>`: mlx5-style PFC counters that grow with every call."""
+    script = tmp_path / "fake-ethtool"
+    state = tmp_path / "ethtool-calls"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, sys\n"
+        f"state = pathlib.Path({str(state)!r})\n"
+        "n = int(state.read_text()) + 1 if state.exists() else 1\n"
+        "state.write_text(str(n))\n"
+        "assert sys.argv[1:] == ['-S', 'eth1'], sys.argv\n"
+        "print('NIC statistics:')\n"
+        "print(f'     rx_prio3_pause: {1000 + 50 * n}')\n"
+        "print(f'     tx_prio3_pause: {2000 + 10 * n}')\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _base_args(tmp_path: Path) -> list[str]:
+    return [
+        "agent",
+        "--once",
+        "--interval",
+        "0.2",
+        "--no-nvml",
+        "--probe-address",
+        "off",
+        "--sysfs-root",
+        str(_sysfs(tmp_path)),
+        "--ethtool-command",
+        f"{_fake_ethtool(tmp_path)} -S",
+        # The fake is a Python script: its start-up on a loaded machine is no hung ethtool.
+        "--ethtool-timeout",
+        "10",
+    ]
+
+
+def _clean_env() -> dict[str, str]:
+    # The runner replaces os.environ: keep scheduler variables of the machine out of the test.
+    return {k: "" for k in os.environ if k.startswith(("SLURM", "MINDER_", "NODE_NAME", "POD_"))}
+
+
+def test_once_json_has_rdma_pfc_host_samples_and_identity(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            *_base_args(tmp_path),
+            "--job",
+            "j42",
+            "--node",
+            "n0017",
+            "--label",
+            "group=pp3",
+            "--label",
+            "domain=leaf-12",
+            "--format",
+            "json",
+        ],
+        env={**_clean_env(), "MINDER_LABEL_RACK": "r3"},
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["schema"], data["job"], data["node"]) == (1, "j42", "n0017")
+    assert data["labels"] == {"rack": "r3", "group": "pp3", "domain": "leaf-12"}
+    assert data["interval_s"] == 0.2
+    samples = {(m, d): v for m, d, v in data["samples"]}
+    for m, d, v in data["samples"]:
+        validate_sample(m, d, v)
+    rdma = {k for k in samples if k[0].startswith("rdma_")}
+    assert ("rdma_port_up", "mlx4_0") in rdma
+    assert ("rdma_port_up", "i40iw0") in rdma
+    assert ("rdma_port_up", "mlx4_0:2") in rdma  # second port of a two-port device
+    assert ("rdma_rx_bytes_per_second", "mlx4_0") in rdma  # a rate: needed the priming read
+    # The second reading of the fake ethtool grew by 50 and 10 in one --interval.
+    assert samples[("pfc_rx_pause_per_second", "mlx4_0")] == pytest.approx(50 / 0.2, rel=0.5)
+    assert samples[("pfc_tx_pause_per_second", "mlx4_0")] == pytest.approx(10 / 0.2, rel=0.5)
+    assert ("cpu_util_ratio", "") in samples
+    assert batch_from_dict(data).node == "n0017"  # the wire decoder accepts it
+
+
+def test_once_table_lists_samples(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [*_base_args(tmp_path), "--job", "j1", "--node", "n1"],
+        env=_clean_env(),
+    )
+    assert result.exit_code == 0, result.output
+    assert "rdma_port_up" in result.stdout
+    assert "mlx4_0" in result.stdout
+    assert "j1 / n1" in result.stdout
+
+
+def test_identity_from_the_environment(tmp_path: Path) -> None:
+    env = {**_clean_env(), "SLURM_JOB_ID": "777", "SLURMD_NODENAME": "gpu-3"}
+    result = runner.invoke(app, [*_base_args(tmp_path), "--format", "json"], env=env)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["job"], data["node"]) == ("777", "gpu-3")
+
+
+def test_missing_job_exits_2_naming_the_variables(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["agent", "--once", "--no-nvml"], env=_clean_env())
+    assert result.exit_code == 2
+    assert "MINDER_JOB" in result.stderr and "SLURM_JOB_ID" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--label", "group"], "expected KEY=VALUE"),
+        (["--label", "node=x"], "reserved"),
+        (["--interval", "0"], "--interval is 0"),
+        (["--pfc-priority", "9"], "--pfc-priority is 9"),
+        (["--metrics-port", "70000"], "--metrics-port is 70000"),
+        (["--probe-address", "nonsense"], "source probe cannot start"),
+        (["--ethtool-command", "'unbalanced"], "quotation"),
+        (["--ethtool-timeout", "0"], "--ethtool-timeout is 0"),
+    ],
+)
+def test_bad_options_exit_2(args: list[str], message: str) -> None:
+    result = runner.invoke(
+        app, ["agent", "--once", "--no-nvml", "--job", "j", *args], env=_clean_env()
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_build_sources_follows_the_options(tmp_path: Path) -> None:
+    sources = build_sources(sysfs_root=tmp_path, probe_address=None, nvml=False)
+    try:
+        assert [s.name for s in sources] == ["rdma", "ethtool", "host"]
+    finally:
+        for s in sources:
+            s.close()
+    sources = build_sources(
+        sysfs_root=tmp_path,
+        ethtool_command=None,
+        dcgm_url="http://127.0.0.1:1/metrics",
+        nccl_dir=tmp_path,
+        probe_address="127.0.0.1:0",
+    )
+    try:
+        assert [s.name for s in sources] == ["dcgm", "rdma", "host", "nccl", "probe"]
+    finally:
+        for s in sources:
+            s.close()
+
+
+def _spool_args(tmp_path: Path, spool_dir: Path) -> list[str]:
+    """Run (not --once) with no source that needs the machine, up to the opening of the spool."""
+    return [
+        "agent",
+        "--job",
+        "j",
+        "--node",
+        "n",
+        "--no-nvml",
+        "--probe-address",
+        "off",
+        "--ethtool-command",
+        "off",
+        "--sysfs-root",
+        str(tmp_path / "no-sys"),
+        "--metrics-port",
+        "0",
+        "--kafka",
+        "127.0.0.1:1",
+        "--spool-dir",
+        str(spool_dir),
+    ]
+
+
+def _one_line(text: str) -> str:
+    """The console wraps long paths: compare without the line breaks and spaces it adds."""
+    return "".join(text.split())
+
+
+def test_unreadable_spool_segment_exits_2_naming_it(tmp_path: Path) -> None:
+    spool_dir = tmp_path / "spool"
+    segment = spool_dir / "seg-00000000000000000000.spool"
+    segment.mkdir(parents=True)  # unreadable as a file, even for root: EISDIR
+    result = runner.invoke(app, _spool_args(tmp_path, spool_dir), env=_clean_env())
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert str(segment) in _one_line(result.stderr)
+    assert "cannot open the spool" in result.stderr
+
+
+def test_os_error_opening_the_spool_exits_2_naming_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import minder.stream.spool as spool_module
+
+    def refuse(directory: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(directory / "head"))
+
+    monkeypatch.setattr(spool_module, "Spool", refuse)
+    spool_dir = tmp_path / "locked-spool"
+    result = runner.invoke(app, _spool_args(tmp_path, spool_dir), env=_clean_env())
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    flat = _one_line(result.stderr)
+    assert f"cannotopenthespool{spool_dir}" in flat and "Permissiondenied" in flat
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from minder.core.records import METRICS_TOPIC, NodeBatch
+        from minder.stream import BatchConsumer, EmbeddedBroker, free_port
+
+    metrics_port = free_port()
+    try:
+        broker = EmbeddedBroker(topics={METRICS_TOPIC: 1, "minder.deadletter.v1": 1}).start()
+    except Exception as exc:
+        pytest.skip(f"no embedded broker: {exc}")
+    try:
+        args = [
+            "agent",
+            "--job",
+            "jk",
+            "--node",
+            "nk",
+            "--interval",
+            "0.1",
+            "--no-nvml",
+            "--probe-address",
+            "off",
+            "--ethtool-command",
+            "off",
+            "--sysfs-root",
+            str(tmp_path / "no-sys"),
+            "--kafka",
+            broker.bootstrap,
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--metrics-port",
+            str(metrics_port),
+            "--metrics-addr",
+            "127.0.0.1",
+        ]
+        scraped: list[str] = []
+
+        def scrape_then_stop() -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    url = f"http://127.0.0.1:{metrics_port}/metrics"
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        body = response.read().decode()
+                    if (
+                        "minder_agent_batches_sent_total" in body
+                        and "minder_agent_batches_sent_total 0.0" not in body
+                        and "minder_node_cpu_util_ratio" in body  # from the 2nd collection
+                    ):
+                        scraped.append(body)
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=scrape_then_stop, daemon=True).start()
+        result = runner.invoke(app, args, env=_clean_env())
+        assert result.exit_code == 0, result.output
+        assert scraped, "the agent never reported a delivered batch on /metrics"
+        assert 'minder_node_cpu_util_ratio{device=""}' in scraped[0]
+        assert 'minder_agent_info{job="jk",node="nk"} 1.0' in scraped[0]
+
+        consumer = BatchConsumer(
+            broker.bootstrap,
+            group_id=f"cli-agent-{uuid.uuid4().hex[:6]}",
+            session_timeout_ms=3000,
+            heartbeat_interval_ms=500,
+        )
+        received: list[NodeBatch] = []
+        try:
+            deadline = time.monotonic() + 20
+            while not received and time.monotonic() < deadline:
+                consumer.poll_once(received.extend, timeout_ms=200)
+        finally:
+            consumer.close()
+        assert received and {(b.job, b.node) for b in received} == {("jk", "nk")}
+    finally:
+        broker.close()
