@@ -172,6 +172,12 @@ def main() -> None:
     parser.add_argument("--kafka", action="store_true", help="send to an embedded Tansu broker")
     parser.add_argument("--scrape-every", type=float, default=15.0, help="render /metrics every")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--no-ethtool",
+        action="store_true",
+        help="leave the command-path ethtool source out (what the in-process ioctl path, the "
+        "agent's default, costs is measured by tests/collectors/test_ethtool_ioctl.py)",
+    )
     parser.add_argument("--updater", nargs=4, metavar=("SYSFS", "STATS", "PROBE", "SECONDS"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
@@ -207,12 +213,10 @@ def main() -> None:
         sources: list[Any] = []
         if nvml is not None:
             sources.append(NvmlSource(nvml))
-        sources += [
-            RdmaSource(sysfs),
-            EthtoolSource((str(ethtool), "-S"), sysfs_root=sysfs),
-            HostSource(),
-            probe,
-        ]
+        sources += [RdmaSource(sysfs)]
+        if not args.no_ethtool:
+            sources.append(EthtoolSource((str(ethtool), "-S"), sysfs_root=sysfs))
+        sources += [HostSource(), probe]
         agent = Agent(
             sources,
             job="bench",
