@@ -152,29 +152,26 @@ class RdmaSource:
 
     # -- one port ------------------------------------------------------------------------------
 
+    def _live_counter(self, device: str, port: Path, file: str, saturated: int) -> int | None:
+        """A counter's value, or None when unreadable or stuck at its maximum (IB counters
+        saturate instead of wrapping, so a stuck one says nothing about the interval)."""
+        value = self._counter(port, file)
+        if value == saturated:
+            self.problems.report(
+                "counter_saturated", f"{device} {file} stuck at its maximum {value}"
+            )
+            return None
+        return value
+
     def _collect_port(self, device: str, port: Path, now: float, out: Collected) -> None:
         for file, metric, factor, saturated in _RATES:
-            value = self._counter(port, file)
-            if value is None:
-                continue
-            if value == saturated:
-                self.problems.report(
-                    "counter_saturated", f"{device} {file} stuck at its maximum {value}"
-                )
-                continue
-            rate = self._rates.rate((device, file), value * factor)
+            value = self._live_counter(device, port, file, saturated)
+            rate = None if value is None else self._rates.rate((device, file), value * factor)
             if rate is not None:
                 out.add(metric, device, rate)
         for file, metric, saturated in _COUNTS:
-            value = self._counter(port, file)
-            if value is None:
-                continue
-            if value == saturated:
-                self.problems.report(
-                    "counter_saturated", f"{device} {file} stuck at its maximum {value}"
-                )
-                continue
-            count = self._rates.count((device, file), value)
+            value = self._live_counter(device, port, file, saturated)
+            count = None if value is None else self._rates.count((device, file), value)
             if count is not None:
                 out.add(metric, device, count)
         if os.path.isdir(port / "hw_counters"):

@@ -23,7 +23,7 @@ import numpy as np
 
 from detectors.config import DetectorConfig
 from detectors.continuity import ContinuityTracker, Severity
-from detectors.denoisers import Denoiser, denoiser_class, fill_nearest
+from detectors.denoisers import Denoiser, denoiser_class
 from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
 from detectors.evidence import similarity_evidence
 from detectors.findings import Finding
@@ -73,8 +73,9 @@ class MetricDenoiser:
             if not self.learned:
                 out = self.denoiser.transform(windows)
             else:
-                scaled = fill_nearest((windows - self.low) / self.span)
-                out = self.denoiser.transform(scaled) * self.span + self.low
+                # Learned denoisers fill gaps themselves (fill_nearest).
+                out = self.denoiser.transform((windows - self.low) / self.span)
+                out = out * self.span + self.low
         return out[..., :1] if self.collapses else out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -63,6 +64,18 @@ def _progress() -> Progress:
     )
 
 
+def job_reporter(progress: Progress) -> Callable[[str, int, int], None]:
+    """``report(job, seconds_done, seconds_total)`` that keeps one bar per job."""
+    tasks: dict[str, TaskID] = {}
+
+    def report(job: str, done: int, total: int) -> None:
+        if job not in tasks:
+            tasks[job] = progress.add_task(f"job {job}", total=total)
+        progress.update(tasks[job], completed=done)
+
+    return report
+
+
 def alerts_table(alerts: list[Alert], title: str = "Alerts") -> Table:
     """A readable table of alerts."""
     table = Table(title=title, show_lines=False)
@@ -117,15 +130,8 @@ def detect(
         frame = read_table(table_file)
     except (MinderError, ValueError, FileNotFoundError) as exc:
         raise _fail(exc) from None
-    tasks: dict[str, TaskID] = {}
     with _progress() as progress:
-
-        def report(job: str, done: int, total: int) -> None:
-            if job not in tasks:
-                tasks[job] = progress.add_task(f"job {job}", total=total)
-            progress.update(tasks[job], completed=done)
-
-        run = detect_table(frame, factory, progress=report)
+        run = detect_table(frame, factory, progress=job_reporter(progress))
     if output_format is OutputFormat.json:
         _print_json({"alerts": [a.summary() for a in run.alerts], "summary": run.summary()})
         return

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from minder.cli import OutputFormat, _fail, _print_json, _progress, out
+from minder.cli import OutputFormat, _fail, _print_json, _progress, job_reporter, out
 from minder.config import Settings
 from minder.core.errors import MinderError
 
@@ -51,14 +51,7 @@ def train_command(
         )
     except (MinderError, FileNotFoundError, ValueError) as exc:
         raise _fail(exc) from None
-    tasks: dict[str, object] = {}
     with _progress() as progress:
-
-        def report(job: str, done: int, total: int) -> None:
-            if job not in tasks:
-                tasks[job] = progress.add_task(f"job {job}", total=total)
-            progress.update(tasks[job], completed=done)  # type: ignore[arg-type]
-
         try:
             model = train_model(
                 frame,
@@ -67,7 +60,7 @@ def train_command(
                 config=cfg,
                 step_s=step_s,
                 max_windows=max_windows,
-                progress=report,
+                progress=job_reporter(progress),
             )
         except (MinderError, ValueError) as exc:
             raise _fail(exc) from None

@@ -4,8 +4,9 @@ Denoisers follow the scikit-learn estimator shape (DESIGN.md §5): ``__init__`` 
 parameters, ``fit(windows)`` learns from *normal* windows and returns ``self``, learned attributes
 end in ``_``. ``transform`` maps windows ``(..., w)`` to denoised windows of the same shape.
 
-Inputs are already normalised per metric (:class:`MetricScaler`) and have no missing values
-(:func:`fill_nearest`); a window that was entirely missing stays NaN and comes out NaN.
+Learned denoisers take inputs normalised per metric (:class:`MetricScaler`) and fill missing
+samples themselves (:func:`fill_nearest`); filters skip them. A window that was entirely
+missing stays NaN and comes out NaN.
 Models are saved as JSON parameters plus named numpy arrays (``state``/``from_state``), so a
 model directory needs no pickle.
 """
