@@ -1,8 +1,8 @@
 """The node agent's collection step and its local Prometheus exposition.
 
 :class:`Agent` runs every source once per interval and merges what they read into one
-:class:`~minder.core.records.NodeBatch` (DESIGN.md §3.2). It never lets one source spoil the
-others: a source that raises is skipped for that interval (counted, logged once per source and
+:class:`~minder.core.records.NodeBatch` (docs/architecture.md §3.2). It never lets one source spoil
+the others: a source that raises is skipped for that interval (counted, logged once per source and
 exception type), samples that fail :func:`~minder.core.metrics.validate_sample` are dropped
 (counted per source, logged once per source and metric), and a second sample for the same
 ``(metric, device)`` is dropped in favour of the first (counted as ``duplicate``).
@@ -304,7 +304,7 @@ class AgentExporter(Collector):
                 if family is None:
                     family = families[metric] = GaugeMetricFamily(
                         f"minder_node_{metric}",
-                        f"{metric} of the last batch (DESIGN.md §3.1)",
+                        f"{metric} of the last batch (docs/architecture.md §3.1)",
                         labels=["device"],
                     )
                 family.add_metric([device], value)

@@ -1,9 +1,9 @@
 """What every node-agent source shares: its output, its problem log and counter-to-rate state.
 
-A source follows prometheus client_python's collector shape (DESIGN.md §5): ``collect(now)``
-returns what it read this interval, keeps no hidden state beyond what a rate needs, and yields
-nothing (logging why, once) when its source is absent. A source never raises for bad input on
-the node: it records a *problem* (counted per reason, logged once per reason) and goes on.
+A source follows prometheus client_python's collector shape (docs/architecture.md §5):
+``collect(now)`` returns what it read this interval, keeps no hidden state beyond what a rate needs,
+and yields nothing (logging why, once) when its source is absent. A source never raises for bad
+input on the node: it records a *problem* (counted per reason, logged once per reason) and goes on.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An alternative to :mod:`collectors.nvml` on nodes where dcgm-exporter already runs (GPU
 Operator): one HTTP GET per interval against the node-local exporter, ``DCGM_FI_*`` fields
-mapped to the canonical names and units (DESIGN.md §3.1; research/peers.md §2a–2c).
+mapped to the canonical names and units (docs/architecture.md §3.1; docs/sources.md §2a–2c).
 
 Field notes:
 

@@ -15,9 +15,9 @@ node
     :func:`socket.gethostname`.
 labels
     ``MINDER_LABEL_<KEY>=<value>`` gives label ``<key>`` (lower-cased), e.g.
-    ``MINDER_LABEL_GROUP=pp3`` and ``MINDER_LABEL_DOMAIN=leaf-12`` (DESIGN.md §3.2: ``group`` is
-    the peer group, ``domain`` the shared failure domain). Derived labels, which these override:
-    ``switch`` = the leaf switch of Slurm's ``SLURM_TOPOLOGY_ADDR`` (read with
+    ``MINDER_LABEL_GROUP=pp3`` and ``MINDER_LABEL_DOMAIN=leaf-12`` (docs/architecture.md §3.2:
+    ``group`` is the peer group, ``domain`` the shared failure domain). Derived labels, which these
+    override: ``switch`` = the leaf switch of Slurm's ``SLURM_TOPOLOGY_ADDR`` (read with
     ``SLURM_TOPOLOGY_ADDR_PATTERN``), ``pod`` from ``POD_NAME``/``MY_POD_NAME`` and ``namespace``
     from ``POD_NAMESPACE``/``MY_POD_NAMESPACE`` (downward API ``metadata.name``/``namespace``).
 """

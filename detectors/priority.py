@@ -31,7 +31,7 @@ DEFAULT_PRIORITY: tuple[str, ...] = (
     "gpu_tensor_active_ratio",
     "gpu_nvlink_tx_bytes_per_second",
 )
-"""The paper's top-7 by learned priority (research/minder.md §2), used without a trained model."""
+"""The paper's top-7 by learned priority (docs/detection-method.md §2), used without a model."""
 
 _TREE_ARRAYS = ("children_left", "children_right", "feature", "threshold")
 

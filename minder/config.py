@@ -6,14 +6,27 @@ arguments. Example: ``MINDER_KAFKA__BOOTSTRAP=broker:9092 MINDER_DATABASE__URL=p
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any, Self, get_origin
 
 from pydantic import BaseModel, Field
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
+from minder.core.errors import ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
+
+ENV_PREFIX = "MINDER_"
+ENV_DELIMITER = "__"
+
+
+class SettingsError(ValidationError):
+    """A ``MINDER_*`` variable holds a value that is not allowed."""
 
 
 class KafkaSettings(BaseModel):
@@ -119,7 +132,7 @@ class Settings(BaseSettings):
     """Every setting of Minder."""
 
     model_config = SettingsConfigDict(
-        env_prefix="MINDER_", env_nested_delimiter="__", env_file=None, extra="ignore"
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_DELIMITER, env_file=None, extra="ignore"
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
@@ -129,3 +142,63 @@ class Settings(BaseSettings):
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
     log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Self:
+        """Settings from the environment and ``overrides``; bad values raise one error.
+
+        Raises
+        ------
+        SettingsError
+            Naming the first bad variable, its value (truncated) and what is allowed, e.g.
+            ``MINDER_API__PORT='http': expected a valid integer``.
+        """
+        try:
+            return cls(**overrides)
+        except PydanticValidationError as exc:
+            raise SettingsError(describe_settings_error(exc)) from None
+        except PydanticSettingsError as exc:
+            # pydantic-settings could not parse a list/dict value as JSON; name the variable.
+            raise SettingsError(_describe_unparsable(cls, exc)) from None
+
+
+def describe_settings_error(exc: PydanticValidationError) -> str:
+    """One line per :class:`Settings` validation error: the variable, its value, what is allowed."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        location = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
+        variable = ENV_PREFIX + ENV_DELIMITER.join(location).upper() if location else "MINDER_*"
+        value = error.get("input")
+        shown = value if isinstance(value, str | int | float | bool) else str(value)
+        text = repr(shown)
+        if len(text) > 80:
+            text = text[:77] + "..."
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        problems.append(f"{variable}={text}: {message[:1].lower()}{message[1:]}")
+    return "bad setting " + "; ".join(problems) if problems else f"bad settings: {exc}"
+
+
+def _describe_unparsable(settings: type[BaseSettings], exc: Exception) -> str:
+    for name, value in sorted(os.environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER)
+        model: Any = settings
+        field = None
+        for part in path:
+            fields = getattr(model, "model_fields", {})
+            field = fields.get(part)
+            if field is None:
+                break
+            model = field.annotation
+        if field is None or get_origin(field.annotation) not in (list, dict):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            shown = repr(value if len(value) <= 80 else value[:77] + "...")
+            return (
+                f"bad setting {name}={shown}: expected JSON, e.g. "
+                f"{name}='[\"http://receiver:9000/hook\"]' for a list"
+            )
+    return f"bad settings: {exc}"

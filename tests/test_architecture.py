@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md §2, enforced by import-linter."""
+"""The dependency rule of docs/architecture.md §2, enforced by import-linter."""
 
 from __future__ import annotations
 

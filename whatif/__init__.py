@@ -7,7 +7,7 @@ Typical use::
     report = analyze(load_trace("trace-ST.parquet"))
     report.slowdown, report.verdict.cause, report.to_dict()
 
-See ``../shared/research/whatif.md`` for the method (Lin et al., OSDI '25).
+See ``docs/whatif-method.md`` for the method (Lin et al., OSDI '25).
 """
 
 from whatif.analysis import analyze, analyze_path, what_if

@@ -1,6 +1,6 @@
 """The full what-if analysis of one job trace: S, attribution, M_W, M_S, verdict.
 
-Definitions follow ``../shared/research/whatif.md`` §3:
+Definitions follow ``docs/whatif-method.md`` §3:
 
 * ``T_actual``, ``T_orig``, ``T_ideal``: mean step time replayed with recorded launch delays, with
   original durations and no launch delay, and with ideal durations (no launch delay).

@@ -3,7 +3,7 @@
 One step of one model-parallel group (all PP stages of one DP rank) is turned into a template
 graph of ops; every (step, DP rank) of the job must have the same ops, so the whole trace becomes
 dense ``(op, step, dp)`` arrays and a replay costs Python work per template op only
-(``../shared/research/whatif.md`` §2).
+(``docs/whatif-method.md`` §2).
 
 Rules (Megatron-LM 1F1B / interleaved schedules, ZeRO-style DP):
 
@@ -731,7 +731,7 @@ def ideal_durations(model: JobModel) -> np.ndarray:
     """Per template op: mean duration of its type (compute) or median transfer of its type (comm).
 
     All stages, DP ranks, steps, microbatches and chunks are pooled, so the ideal is a perfectly
-    balanced job (``../shared/research/whatif.md`` §3.2).
+    balanced job (``docs/whatif-method.md`` §3.2).
     """
     template = model.template
     ideal = np.zeros(template.n_ops)

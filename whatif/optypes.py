@@ -1,6 +1,6 @@
 """The op types of a job trace and what the dependency model knows about each.
 
-The names follow the what-if paper's artifact (``../shared/research/whatif.md`` §1.2) so that its
+The names follow the what-if paper's artifact (``docs/whatif-method.md`` §1.2) so that its
 traces load unchanged.
 """
 

@@ -1,4 +1,4 @@
-"""The result of a what-if analysis and its JSON form (DESIGN.md §3.5)."""
+"""The result of a what-if analysis and its JSON form (docs/architecture.md §3.5)."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ class WhatIfReport:
         return matrix
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (DESIGN.md §3.5 keys first, then details)."""
+        """The report as JSON-ready data (docs/architecture.md §3.5 keys first, then details)."""
         return {
             "slowdown": self.slowdown,
             "waste": self.waste,

@@ -1,4 +1,4 @@
-"""The canonical op table of a job trace (DESIGN.md §3.5) and its job meta.
+"""The canonical op table of a job trace (docs/architecture.md §3.5) and its job meta.
 
 One row per op: ``dp_rank, stage, rank, step, optype, start_ts, duration, seq_id, mc, gmc, mb_id``
 (seconds), plus a meta of ``dp_size, pp_size, tp_size, dsp_size, vpp_size, world_size``. Stored as a

@@ -3,7 +3,7 @@
 Public API (the CLI's ``minder simulate`` calls these)::
 
     scenario = load_scenario(path)              # or Scenario.model_validate(dict)
-    table = simulate_table(scenario)            # canonical metric table (DESIGN.md §3.3)
+    table = simulate_table(scenario)            # canonical metric table (docs/architecture.md §3.3)
     write_scenario_table(scenario, "out.parquet")
     for ts, batches in iter_batches(scenario, start_ts=time.time()): ...
     labels = scenario_labels(scenario)          # ground truth per faulty machine

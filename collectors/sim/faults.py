@@ -1,6 +1,6 @@
 """How each fault and confounder shows up: on the job's rhythm, device states, signals, events.
 
-Signatures follow research/minder.md §3 (what production faults looked like in the paper's
+Signatures follow docs/detection-method.md §3 (what production faults looked like in the paper's
 Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
 
 * a dead training process (XID, ECC, CUDA error) leaves its GPUs idle and its CPU quiet, while

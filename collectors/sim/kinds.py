@@ -8,7 +8,7 @@ from enum import StrEnum
 class FaultType(StrEnum):
     """Injectable faults: the paper's Table 1 types plus a generic XID and two network faults.
 
-    Each one's signature (see ``collectors/sim/faults.py`` and research/minder.md §3):
+    Each one's signature (see ``collectors/sim/faults.py`` and docs/detection-method.md §3):
 
     ``gpu_xid``
         XID (default 119, GSP timeout; ``xid_code`` to change) on one GPU, the training process
@@ -81,7 +81,7 @@ class ConfounderType(StrEnum):
         undisturbed. This is how the simulator models counter resets: a real agent that
         restarts (or sees a counter go backwards) drops the first difference instead of
         emitting a negative or huge rate, so the detector sees a short gap, never a bogus
-        value (DESIGN.md §3.1).
+        value (docs/architecture.md §3.1).
     """
 
     BLIP = "blip"

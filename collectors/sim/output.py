@@ -70,7 +70,7 @@ class _Codes:
 
 
 def simulate_table(scenario: Scenario) -> pd.DataFrame:
-    """Simulate the whole scenario into a canonical metric table (DESIGN.md §3.3).
+    """Simulate the whole scenario into a canonical metric table (docs/architecture.md §3.3).
 
     Rows are job after job; within a job in delivery order (see ``delivery.py``), each batch's
     samples in series order. ``ts`` is the end of the sample's one-second interval.

@@ -191,7 +191,7 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     "nccl_collective_seconds": SampleModel(rel=0.01, resolution=1e-5),
     "nccl_busbw_bytes_per_second": SampleModel(rel=0.02, resolution=1e3),
 }
-"""Every canonical metric the simulator can emit (all of DESIGN.md §3.1)."""
+"""Every canonical metric the simulator can emit (all of docs/architecture.md §3.1)."""
 
 
 def pcie_bandwidth_ratio(width: int, gen: int) -> float:

@@ -188,7 +188,7 @@ class JobSpec(BaseModel):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """The metrics this job emits, in the canonical order of DESIGN.md §3.1."""
+        """The metrics this job emits, in the canonical order of docs/architecture.md §3.1."""
         chosen = set(self.metrics if self.metrics is not None else DEFAULT_METRICS)
         return tuple(name for name in METRICS if name in chosen)
 

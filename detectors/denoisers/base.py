@@ -1,6 +1,6 @@
 """The denoiser contract: one model per metric that maps a window to its denoised window.
 
-Denoisers follow the scikit-learn estimator shape (DESIGN.md §5): ``__init__`` stores
+Denoisers follow the scikit-learn estimator shape (docs/architecture.md §5): ``__init__`` stores
 parameters, ``fit(windows)`` learns from *normal* windows and returns ``self``, learned attributes
 end in ``_``. ``transform`` maps windows ``(..., w)`` to denoised windows of the same shape.
 

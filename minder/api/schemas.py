@@ -273,7 +273,7 @@ def _summary_fields(summary: WhatIfSummary) -> dict[str, Any]:
 
 
 class WhatIfReportOut(WhatIfSummaryOut):
-    """A what-if report with its body (DESIGN.md §3.5) once done."""
+    """A what-if report with its body (docs/architecture.md §3.5) once done."""
 
     report: dict[str, Any] | None = Field(
         description="slowdown, waste, model_error, by_optype, by_dp_rank, by_stage, by_worker, "

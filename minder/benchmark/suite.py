@@ -3,7 +3,7 @@
 Every faulty case is one job with one fault, injected at a random time after a warm-up, on a
 random machine and device, at a varied severity (fail-slow faults mostly mild, as they are in
 production), in a job of a random size, rhythm, noise level and pipeline layout. The fault types
-follow the shares of the paper's Table 1 (research/minder.md §3), with at least
+follow the shares of the paper's Table 1 (docs/detection-method.md §3), with at least
 :data:`MIN_PER_TYPE` instances of each in the ``standard`` and ``full`` suites; switch reboots
 (the link-loss and the silent form) come on top. Fault-free cases carry only confounders:
 checkpoints, evaluation phases, a heavier last pipeline stage, 10-second blips, agent restarts,

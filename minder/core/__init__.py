@@ -1,4 +1,4 @@
 """Contracts shared by every package: metric names, records, codecs, errors.
 
-Nothing here imports any other package of ours (see DESIGN.md §2).
+Nothing here imports any other package of ours (see docs/architecture.md §2).
 """

@@ -1,4 +1,4 @@
-"""The Alert record (DESIGN.md §3.4)."""
+"""The Alert record (docs/architecture.md §3.4)."""
 
 from __future__ import annotations
 

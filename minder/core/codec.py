@@ -1,4 +1,4 @@
-"""Wire codec of the per-node batch (DESIGN.md §3.2).
+"""Wire codec of the per-node batch (docs/architecture.md §3.2).
 
 Two encodings share one envelope: msgpack (the default, chosen by ``bench/codec.py``: see the
 README) and JSON (orjson; readable with any Kafka tool). The decoder recognises either from the

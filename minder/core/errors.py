@@ -16,7 +16,7 @@ class ValidationError(MinderError, ValueError):
 
 
 class UnknownMetricError(ValidationError):
-    """A metric name is not in the canonical table (DESIGN.md §3.1)."""
+    """A metric name is not in the canonical table (docs/architecture.md §3.1)."""
 
 
 class DecodeError(ValidationError):
@@ -57,6 +57,10 @@ class ScenarioError(ValidationError):
 
 class ModelError(MinderError):
     """A saved model cannot be loaded (wrong version, missing file)."""
+
+
+class StorageError(MinderError):
+    """The database cannot be reached or used (connection refused, authentication, disk)."""
 
 
 class BrokerError(MinderError):

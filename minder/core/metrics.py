@@ -1,4 +1,4 @@
-"""The canonical metric names of DESIGN.md §3.1, with units, kinds and the device they belong to.
+"""The canonical metric names (docs/architecture.md §3.1), with units, kinds and devices.
 
 Collectors, the simulator and the detectors all speak these names; anything else is refused at
 the edge (codec, table reader) with an error that names the value and the close matches.
@@ -153,7 +153,7 @@ def metric_spec(name: str) -> MetricSpec:
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise UnknownMetricError(
             f"unknown metric {name!r}: expected one of the {len(METRICS)} canonical names "
-            f"of DESIGN.md §3.1{hint}"
+            f"of docs/architecture.md §3.1{hint}"
         ) from None
 
 

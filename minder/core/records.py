@@ -1,4 +1,4 @@
-"""The per-node batch (DESIGN.md §3.2): one message per node per interval."""
+"""The per-node batch (docs/architecture.md §3.2): one message per node per interval."""
 
 from __future__ import annotations
 

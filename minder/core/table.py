@@ -1,4 +1,4 @@
-"""Reader and writer of the canonical metric table (DESIGN.md §3.3).
+"""Reader and writer of the canonical metric table (docs/architecture.md §3.3).
 
 Long format, one row per sample: ``ts, job, machine, metric, value`` and the optional
 ``device, group, domain`` (empty string when absent). Parquet or CSV, chosen by the file
@@ -109,8 +109,8 @@ def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
     if unknown:
         row = int(np.flatnonzero(metric_codes == categories.get_loc(unknown[0]))[0])
         raise TableError(
-            f"unknown metric {unknown[0]!r}: expected one of the canonical names of DESIGN.md "
-            f"§3.1 (e.g. 'gpu_util_ratio', 'pfc_tx_pause_per_second')",
+            f"unknown metric {unknown[0]!r}: expected one of the canonical names of "
+            f"docs/architecture.md §3.1 (e.g. 'gpu_util_ratio', 'pfc_tx_pause_per_second')",
             column="metric",
             row=row,
         )

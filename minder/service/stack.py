@@ -26,7 +26,7 @@ from minder.storage.engine import Engine, create_engine_for, session_factory
 from minder.storage.migrate import upgrade_database
 from minder.stream.consumer import BatchConsumer
 from minder.stream.producer import AlertPublisher
-from minder.stream.topics import ensure_topics
+from minder.stream.topics import check_reachable, ensure_topics
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,12 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
     upgrade_database(engine)
     sessions = session_factory(engine)
     kafka = settings.kafka
+    try:
+        # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
+        check_reachable(kafka.bootstrap)
+    except MinderError:
+        engine.dispose()
+        raise
     ensure_topics(
         kafka.bootstrap,
         {

@@ -1,9 +1,9 @@
 """Alert, job, score and what-if report storage: SQLAlchemy 2 ORM with Alembic migrations.
 
-The only package of Minder that imports SQLAlchemy and Alembic (DESIGN.md §2). Callers open a
-session from :func:`session_factory` and pass it to the repository functions, which return plain
-records (:class:`~minder.core.alert.Alert` and the dataclasses of :mod:`minder.storage.records`)
-and leave the commit to the caller::
+The only package of Minder that imports SQLAlchemy and Alembic (docs/architecture.md §2). Callers
+open a session from :func:`session_factory` and pass it to the repository functions, which return
+plain records (:class:`~minder.core.alert.Alert` and the dataclasses of
+:mod:`minder.storage.records`) and leave the commit to the caller::
 
     engine = create_engine_for(settings.database.url)
     upgrade_database(engine)

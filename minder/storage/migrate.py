@@ -12,7 +12,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
+from minder.core.errors import StorageError
 from minder.storage.engine import create_engine_for, normalise_url
 
 logger = logging.getLogger(__name__)
@@ -51,8 +53,21 @@ def upgrade_database(url_or_engine: str | URL | Engine, revision: str = "head") 
             config = alembic_config()
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
+    except DBAPIError as exc:
+        # One line naming the database (without its password) and the driver's first line, not
+        # SQLAlchemy's multi-line message with its background link.
+        where = engine.url.render_as_string(hide_password=True)
+        reason = (
+            str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+        )
+        raise StorageError(
+            f"cannot use the database {where}: {reason}; check MINDER_DATABASE__URL"
+        ) from None
+    else:
         logger.info(
-            "database %s at revision %s", engine.url.render_as_string(hide_password=True), revision
+            "database %s at revision %s",
+            engine.url.render_as_string(hide_password=True),
+            revision,
         )
     finally:
         if engine is not url_or_engine:

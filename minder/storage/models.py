@@ -146,5 +146,5 @@ class WhatIfReportRow(Base):
     verdict: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # plain JSON, not JSONB: the report is only ever read whole, and JSON keeps its key order
-    # (DESIGN.md §3.5 keys first), which JSONB would sort away
+    # (docs/architecture.md §3.5 keys first), which JSONB would sort away
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -235,6 +235,6 @@ class WhatIfSummary:
 
 @dataclass(frozen=True, slots=True)
 class WhatIfRecord(WhatIfSummary):
-    """A stored what-if analysis with its report (the DESIGN.md §3.5 JSON), ``None`` until done."""
+    """A stored what-if analysis with its report (docs/architecture.md §3.5), None until done."""
 
     report: dict[str, Any] | None = None

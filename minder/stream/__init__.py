@@ -1,4 +1,4 @@
-"""Kafka layer: the only package that imports kafka-python (DESIGN.md §2).
+"""Kafka layer: the only package that imports kafka-python (docs/architecture.md §2).
 
 - :class:`EmbeddedBroker`: a local Tansu broker for demos and tests (extra ``demo``).
 - :func:`ensure_topics`, :func:`minder_topics`: create Minder's topics.

@@ -16,7 +16,7 @@ A crash between handling and committing, or a rebalance that moves a partition t
 worker, also redelivers them: after every rebalance each partition resumes from the group's
 committed offset (kafka-python alone would keep the old position of a partition it keeps, which
 skips messages when a memory-only broker restarted empty). Handlers must therefore tolerate
-seeing a batch twice (DESIGN.md §3.3: samples may be late or duplicated). A
+seeing a batch twice (docs/architecture.md §3.3: samples may be late or duplicated). A
 message dead-lettered in a poll that is then redelivered is not dead-lettered twice by the same
 consumer (unless a rebalance came in between).
 

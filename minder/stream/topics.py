@@ -1,8 +1,9 @@
-"""Creating Minder's topics (DESIGN.md §3.2) on a broker."""
+"""Creating Minder's topics (docs/architecture.md §3.2) on a broker."""
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Mapping
 
 from kafka import KafkaAdminClient
@@ -79,6 +80,58 @@ def ensure_topics(
         raise BrokerError(f"cannot create topics {sorted(topics)} at {bootstrap!r}: {exc}") from exc
     finally:
         admin.close()
+
+
+BROKER_HINT = (
+    "start a broker and point MINDER_KAFKA__BOOTSTRAP at it (host:port[,host:port]), or try Minder "
+    "on one machine with `minder serve --embedded-broker`"
+)
+
+
+def check_reachable(bootstrap: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, when no address of ``bootstrap`` accepts a TCP connection.
+
+    kafka-python retries an unreachable bootstrap for its whole request timeout and logs each
+    attempt; a plain connect per address answers in well under ``timeout_s`` in total.
+
+    Raises
+    ------
+    ValidationError
+        ``bootstrap`` is not ``host:port[,host:port…]``.
+    BrokerError
+        No address accepts a connection; the message names them, the reason and :data:`BROKER_HINT`.
+    """
+    addresses = parse_bootstrap(bootstrap)
+    per_address = max(0.2, timeout_s / len(addresses))
+    reasons = []
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host, port), timeout=per_address):
+                return
+        except OSError as exc:
+            reasons.append(f"{host}:{port} ({exc.strerror or type(exc).__name__})")
+    raise BrokerError(f"no Kafka broker reachable at {', '.join(reasons)}: {BROKER_HINT}")
+
+
+def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port…]`` as pairs; IPv6 hosts in brackets (``[::1]:9092``).
+
+    Raises
+    ------
+    ValidationError
+        An empty list, a missing or out-of-range port.
+    """
+    pairs = []
+    for item in (part.strip() for part in bootstrap.split(",")):
+        host, sep, port = item.rpartition(":")
+        host = host.strip("[]")
+        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValidationError(
+                f"Kafka bootstrap {bootstrap[:200]!r}: expected host:port[,host:port…] "
+                "with ports 1-65535"
+            )
+        pairs.append((host, int(port)))
+    return pairs
 
 
 def validate_topics(topics: Mapping[str, int]) -> None:

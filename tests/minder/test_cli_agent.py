@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minder.cli_agent import agent_command, build_sources
+from minder.cli.agent import agent_command, build_sources
 from minder.core.codec import batch_from_dict
 from minder.core.metrics import validate_sample
 
@@ -33,7 +33,7 @@ app.command(name="agent")(agent_command)
 
 @app.callback()
 def _root() -> None:
-    """Registered like minder/cli.py does, so `agent` stays a subcommand."""
+    """Registered like minder/cli/app.py does, so `agent` stays a subcommand."""
 
 
 runner = CliRunner()

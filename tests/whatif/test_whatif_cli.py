@@ -12,7 +12,7 @@ from conftest import WIA, need
 from typer.testing import CliRunner
 from whatif_kineto_writer import write_kineto
 
-from minder.cli_whatif import whatif_app
+from minder.cli.whatif import whatif_app
 from whatif import load_trace, write_canonical
 from whatif.synth import SynthJob, synthesize
 
@@ -179,7 +179,7 @@ def test_bad_input_exits_2_with_the_reason(tmp_path: Path, small: Path) -> None:
 def test_large_job_timeline_defaults_to_two_steps(
     small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import minder.cli_whatif as cli
+    import minder.cli.whatif as cli
 
     monkeypatch.setattr(cli, "_TIMELINE_DEFAULT_LIMIT", 10)
     out = tmp_path / "big.json"

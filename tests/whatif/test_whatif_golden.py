@@ -112,7 +112,7 @@ def test_se_verdict_is_sequence_length_imbalance(se_report: WhatIfReport) -> Non
 
 
 def test_st_custom_what_ifs_match_the_artifact_notebook(st_report: WhatIfReport) -> None:
-    # research/whatif.md §3.7: all PP comm free → 1.0013×, all DP comm free → 1.039×.
+    # docs/whatif-method.md §3.7: all PP comm free → 1.0013×, all DP comm free → 1.039×.
     speedups = {w.name: w.speedup for w in st_report.whatifs}
     assert speedups["pp-comm:free"] == pytest.approx(1.0013, abs=5e-4)
     assert speedups["dp-comm:free"] == pytest.approx(1.039, abs=5e-4)

@@ -245,5 +245,5 @@ def reports(
     summary="Get a what-if report",
 )
 def report(report_id: str, session: DbSession) -> WhatIfReportOut:
-    """A report's status, and its body (DESIGN.md §3.5) once done or its error once failed."""
+    """A report's status, its body (docs/architecture.md §3.5) once done, its error once failed."""
     return WhatIfReportOut.of_record(get_report(session, report_id))

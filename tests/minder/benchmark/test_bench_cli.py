@@ -21,7 +21,7 @@ from minder.benchmark.runner import (
     run_benchmark,
 )
 from minder.benchmark.suite import BenchCase
-from minder.cli_bench import bench_app, parse_limits
+from minder.cli.bench import bench_app, parse_limits
 
 app = typer.Typer()
 app.add_typer(bench_app, name="bench")

@@ -59,7 +59,7 @@ def test_life_cycle_pending_running_done(sessions: SessionFactory) -> None:
         record = get_report(session, created.id)
     assert isinstance(record, WhatIfRecord)
     assert record.report == REPORT
-    # the report keeps its key order on every backend (DESIGN.md §3.5 keys first)
+    # the report keeps its key order on every backend (docs/architecture.md §3.5 keys first)
     assert record.report is not None
     assert list(record.report) == list(REPORT)
     assert (record.status, record.source, record.error) == (

@@ -1,4 +1,4 @@
-"""``minder bench``: benchmarks (registered by ``minder/cli.py``).
+"""``minder bench``: benchmarks (registered by ``minder/cli/app.py``).
 
 ``minder bench detect`` runs detection methods over a labelled suite of simulated jobs and
 reports precision, recall, F1, onset-to-alert latency, false alarms per 1000 machine-hours and

@@ -1,4 +1,4 @@
-"""``minder whatif``: what-if straggler analysis of job traces (registered by ``minder/cli.py``)."""
+"""``minder whatif``: what-if straggler analysis of job traces."""
 
 from __future__ import annotations
 

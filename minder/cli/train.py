@@ -8,8 +8,15 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from minder.cli import OutputFormat, _fail, _print_json, _progress, job_reporter, out
-from minder.config import Settings
+from minder.cli.common import (
+    OutputFormat,
+    fail,
+    job_reporter,
+    load_settings,
+    out,
+    print_json,
+    progress,
+)
 from minder.core.errors import MinderError
 
 
@@ -38,7 +45,7 @@ def train_command(
     from detectors.training import train_model  # noqa: PLC0415
     from minder.core.table import read_table, table_format  # noqa: PLC0415
 
-    settings = Settings()
+    settings = load_settings()
     try:
         cfg = settings.detection.detector_config()
         frame = read_table(table_file)
@@ -50,8 +57,8 @@ def train_command(
             else pd.read_csv(labels_file)
         )
     except (MinderError, FileNotFoundError, ValueError) as exc:
-        raise _fail(exc) from None
-    with _progress() as progress:
+        raise fail(exc) from None
+    with progress() as bar:
         try:
             model = train_model(
                 frame,
@@ -60,14 +67,14 @@ def train_command(
                 config=cfg,
                 step_s=step_s,
                 max_windows=max_windows,
-                progress=job_reporter(progress),
+                progress=job_reporter(bar),
             )
         except (MinderError, ValueError) as exc:
-            raise _fail(exc) from None
+            raise fail(exc) from None
     model.save(output)
     order = model.priority.order if model.priority is not None else []
     if output_format is OutputFormat.json:
-        _print_json(
+        print_json(
             {
                 "model": str(output),
                 "denoiser": model.denoiser,

@@ -1,4 +1,4 @@
-"""``minder agent``: the per-node collector (registered by ``minder/cli.py``).
+"""``minder agent``: the per-node collector (registered by ``minder/cli/app.py``).
 
 Collects one batch per interval from the node's sources (GPU via NVML or dcgm-exporter, RDMA
 sysfs, ``ethtool -S`` PFC counters, host, NCCL Inspector, the step probe), serves the last batch
