@@ -1,0 +1,82 @@
+"""``minder serve``: the detection service and its HTTP API."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from minder.cli.common import err, fail, load_settings
+
+
+def serve_command(
+    embedded_broker: Annotated[
+        bool,
+        typer.Option(
+            "--embedded-broker",
+            help="start a Kafka-protocol broker (Tansu, in memory) in this process for a "
+            "one-machine trial; agents and `minder simulate --kafka` connect to its address",
+        ),
+    ] = False,
+    broker_port: Annotated[
+        int,
+        typer.Option(min=1, max=65535, help="with --embedded-broker: its port on 127.0.0.1"),
+    ] = 9092,
+    host: Annotated[
+        str | None, typer.Option(help="API address (default MINDER_API__HOST, 127.0.0.1)")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="API port (default MINDER_API__PORT, 8080)"),
+    ] = None,
+) -> None:
+    """Run the detection service and its HTTP API (settings from MINDER_* variables).
+
+    It needs a Kafka broker (MINDER_KAFKA__BOOTSTRAP, default 127.0.0.1:9092); without one it
+    stops at once and says so. For a trial on one machine, --embedded-broker starts one.
+    SIGTERM and Ctrl-C stop it cleanly.
+    """
+    from minder.core.errors import MinderError  # noqa: PLC0415
+    from minder.logging_setup import configure_logging  # noqa: PLC0415
+    from minder.service.stack import Stack, build_stack  # noqa: PLC0415
+
+    settings = load_settings()
+    if host is not None:
+        settings.api.host = host
+    if port is not None:
+        settings.api.port = port
+    configure_logging(settings.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(signal.signal, signal.SIGTERM, previous)
+        try:
+            if embedded_broker:
+                from minder.stream.broker import EmbeddedBroker  # noqa: PLC0415
+
+                broker = cleanup.enter_context(EmbeddedBroker(port=broker_port))
+                settings.kafka.bootstrap = broker.bootstrap
+                err.print(f"embedded Kafka broker (Tansu, in memory) on {broker.bootstrap}")
+            stack: Stack = build_stack(settings)
+            cleanup.callback(stack.stop)
+            stack.start()
+        except MinderError as exc:
+            raise fail(exc) from None
+        err.print(
+            f"Minder is serving on {stack.api_url} (API /api/v1, docs /docs, metrics /metrics, "
+            f"Kafka {settings.kafka.bootstrap}); Ctrl-C or SIGTERM stops it"
+        )
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass
+        err.print("stopping")
