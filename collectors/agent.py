@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from collectors.base import Collected, Source
 from collectors.labels import Identity, check_label, discover_identity, parse_label
 from minder.core.errors import ValidationError
-from minder.core.metrics import MetricSpec, validate_sample, validate_value
+from minder.core.metrics import MetricKind, MetricSpec, validate_sample, validate_value
 from minder.core.records import Event, NodeBatch, Sample
 
 __all__ = [
@@ -44,6 +44,21 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+JOB_LABEL = "job_id"
+"""Minder's job on every series (Prometheus owns ``job`` and ``instance``)."""
+
+RESERVED_LABELS = frozenset({"job", "instance", JOB_LABEL, "machine", "device", "__name__"})
+"""Agent labels left out of ``minder_agent_info``: Prometheus' own, and the ones set here."""
+
+COUNT_SUFFIX = "_count"
+
+
+def exported_count_name(metric: str) -> str:
+    """``gpu_xid_count`` → ``minder_node_gpu_xid_total``: an event count per interval, exported
+    as a counter since start (Prometheus reserves ``_count`` for histograms and summaries)."""
+    return f"minder_node_{metric.removesuffix(COUNT_SUFFIX)}_total"
+
 
 AGENT_REASONS = ("exception", "invalid_sample", "duplicate")
 """Reasons the agent itself counts per source, besides those of each source's ProblemLog."""
@@ -69,6 +84,8 @@ class SenderCounters:
         Failed delivery attempts (each retried later).
     corrupt_dropped
         Spooled records dropped because they could not be unframed (damaged or foreign).
+    spool_max_bytes
+        The spool's bound; beyond it the oldest batches are dropped.
     """
 
     batches_sent: int = 0
@@ -78,6 +95,7 @@ class SenderCounters:
     spool_batches: int = 0
     send_errors: int = 0
     corrupt_dropped: int = 0
+    spool_max_bytes: int = 0
 
 
 class Agent:
@@ -130,6 +148,8 @@ class Agent:
         self._errors: Counter[tuple[str, str]] = Counter()
         self._seconds: dict[str, float] = {}
         self._seconds_total: Counter[str] = Counter()
+        # Event counts per interval (metrics of kind "count"), summed since start for /metrics.
+        self._count_totals: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()  # counters are read by the /metrics thread
         self._logged: set[tuple[str, str]] = set()
         # (metric, device) pairs already checked: the names and devices repeat every interval,
@@ -142,6 +162,7 @@ class Agent:
         events: list[Event] = []
         seen: set[tuple[str, str]] = set()
         errors: Counter[tuple[str, str]] = Counter()
+        counts: Counter[tuple[str, str]] = Counter()
         seconds: dict[str, float] = {}
         for source in self.sources:
             started = time.perf_counter()
@@ -176,11 +197,14 @@ class Agent:
                         device,
                     )
                     continue
-                if not self._valid(source.name, metric, device, value):
+                spec = self._valid(source.name, metric, device, value)
+                if spec is None:
                     errors[(source.name, "invalid_sample")] += 1
                     continue
                 seen.add(key)
                 samples.append((metric, device, float(value)))
+                if spec.kind is MetricKind.COUNT:
+                    counts[key] += float(value)
             events.extend(collected.events)
         batch = NodeBatch(
             job=self.job,
@@ -195,11 +219,12 @@ class Agent:
             self._errors.update(errors)
             self._seconds = seconds
             self._seconds_total.update(seconds)
+            self._count_totals.update(counts)
             self.collections_total += 1
             self.last_batch = batch
         return batch
 
-    def _valid(self, source: str, metric: str, device: str, value: float) -> bool:
+    def _valid(self, source: str, metric: str, device: str, value: float) -> MetricSpec | None:
         try:
             spec = self._specs.get((metric, device))
             if spec is None:
@@ -218,8 +243,8 @@ class Agent:
                 exc,
                 metric,
             )
-            return False
-        return True
+            return None
+        return spec
 
     def _log_once(self, source: str, what: str, message: str, *args: object) -> None:
         if (source, what) in self._logged:
@@ -236,6 +261,11 @@ class Agent:
             for reason, count in dict(source.problems.counts).items():
                 counts[(source.name, reason)] = counts.get((source.name, reason), 0) + count
         return counts
+
+    def count_totals(self) -> dict[tuple[str, str], float]:
+        """Events since start per ``(metric, device)`` of the metrics of kind ``count``."""
+        with self._lock:
+            return dict(self._count_totals)
 
     def collect_seconds(self) -> dict[str, float]:
         """Duration of each source's last ``collect`` (seconds)."""
@@ -262,17 +292,22 @@ class AgentExporter(Collector):
     Registered on its own :class:`~prometheus_client.CollectorRegistry` (:attr:`registry`), not
     the process-global one, so tests and several agents in one process do not collide. Series:
 
-    - ``minder_node_<metric>{device}``: the last batch's values (host metrics have
+    Every series carries ``job_id`` and ``machine`` (never ``job``/``instance``, which
+    Prometheus owns), so peers can be compared in PromQL without a join:
+
+    - ``minder_node_<metric>{device}``: the last batch's gauges and rates (host metrics have
       ``device=""``);
-    - ``minder_agent_info{job,node,<labels>}`` = 1;
+    - ``minder_node_<name>_total{device}`` for each ``<name>_count`` metric: events since the
+      agent started (use ``increase()``);
+    - ``minder_agent_info{<labels>}`` = 1 with the agent's placement labels;
     - ``minder_agent_collections_total``, ``minder_agent_last_collection_timestamp_seconds``;
     - ``minder_agent_source_errors_total{source,reason}``;
     - ``minder_agent_collect_seconds{source}`` (last duration) and
       ``minder_agent_collect_duration_seconds_total{source}``;
     - with a sender: ``minder_agent_batches_sent_total``, ``minder_agent_spooled_total``,
       ``minder_agent_dropped_oldest_total``, ``minder_agent_send_errors_total``,
-      ``minder_agent_corrupt_dropped_total``, ``minder_agent_spool_bytes`` and
-      ``minder_agent_spool_batches``.
+      ``minder_agent_corrupt_dropped_total``, ``minder_agent_spool_bytes``,
+      ``minder_agent_spool_batches`` and ``minder_agent_spool_max_bytes``.
     """
 
     def __init__(self, agent: Agent) -> None:
@@ -290,65 +325,84 @@ class AgentExporter(Collector):
         """Build the metrics at scrape time (prometheus_client's custom collector protocol)."""
         agent = self.agent
         batch = agent.last_batch
+        ids = [JOB_LABEL, "machine"]
+        values = [agent.job, agent.node]
+        extra = {k: v for k, v in agent.labels.items() if k not in RESERVED_LABELS}
         info = GaugeMetricFamily(
-            "minder_agent_info",
-            "Identity of this node agent",
-            labels=["job", "node", *agent.labels],
+            "minder_agent_info", "Identity of this node agent", labels=[*ids, *extra]
         )
-        info.add_metric([agent.job, agent.node, *agent.labels.values()], 1.0)
+        info.add_metric([*values, *extra.values()], 1.0)
         yield info
         if batch is not None:
             families: dict[str, GaugeMetricFamily] = {}
             for metric, device, value in batch.samples:
+                if metric.endswith(COUNT_SUFFIX):
+                    continue  # exported below as a counter of events since start
                 family = families.get(metric)
                 if family is None:
                     family = families[metric] = GaugeMetricFamily(
                         f"minder_node_{metric}",
                         f"{metric} of the last batch (docs/architecture.md §3.1)",
-                        labels=["device"],
+                        labels=[*ids, "device"],
                     )
-                family.add_metric([device], value)
+                family.add_metric([*values, device], value)
             yield from families.values()
             last = GaugeMetricFamily(
                 "minder_agent_last_collection_timestamp_seconds",
                 "Unix time of the last batch",
+                labels=ids,
             )
-            last.add_metric([], batch.ts)
+            last.add_metric(values, batch.ts)
             yield last
+        counters: dict[str, CounterMetricFamily] = {}
+        for (metric, device), total in sorted(agent.count_totals().items()):
+            name = exported_count_name(metric)
+            family_c = counters.get(name)
+            if family_c is None:
+                family_c = counters[name] = CounterMetricFamily(
+                    name,
+                    f"Events counted by {metric} since the agent started (use increase())",
+                    labels=[*ids, "device"],
+                )
+            family_c.add_metric([*values, device], total)
+        yield from counters.values()
         collections = CounterMetricFamily(
-            "minder_agent_collections", "Collections the agent ran since start"
+            "minder_agent_collections", "Collections the agent ran since start", labels=ids
         )
-        collections.add_metric([], agent.collections_total)
+        collections.add_metric(values, agent.collections_total)
         yield collections
         errors = CounterMetricFamily(
             "minder_agent_source_errors",
             "Problems by source and reason (sources' own reasons, exception, invalid_sample, "
             "duplicate)",
-            labels=["source", "reason"],
+            labels=[*ids, "source", "reason"],
         )
-        for (source, reason), count in sorted(agent.error_counts().items()):
-            errors.add_metric([source, reason], count)
+        # Every source's "exception" exists from the start (at 0), so rates exist before errors.
+        counts = {(source.name, "exception"): 0 for source in agent.sources}
+        counts.update(agent.error_counts())
+        for (source, reason), count in sorted(counts.items()):
+            errors.add_metric([*values, source, reason], count)
         yield errors
         last_seconds = GaugeMetricFamily(
             "minder_agent_collect_seconds",
             "Duration of each source's last collection",
-            labels=["source"],
+            labels=[*ids, "source"],
         )
         for source, seconds in sorted(agent.collect_seconds().items()):
-            last_seconds.add_metric([source], seconds)
+            last_seconds.add_metric([*values, source], seconds)
         yield last_seconds
         total_seconds = CounterMetricFamily(
             "minder_agent_collect_duration_seconds",
             "Time spent in each source's collection since start",
-            labels=["source"],
+            labels=[*ids, "source"],
         )
         for source, seconds in sorted(agent.collect_seconds_total().items()):
-            total_seconds.add_metric([source], seconds)
+            total_seconds.add_metric([*values, source], seconds)
         yield total_seconds
         if self._sender is not None:
-            yield from _sender_metrics(self._sender())
+            yield from _sender_metrics(self._sender(), ids, values)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve :attr:`registry` on ``http://addr:port/metrics`` from a daemon thread."""
         from prometheus_client import start_http_server  # noqa: PLC0415
 
@@ -369,7 +423,9 @@ class AgentExporter(Collector):
             self._server = None
 
 
-def _sender_metrics(counters: SenderCounters) -> Iterator[Metric]:
+def _sender_metrics(
+    counters: SenderCounters, labels: list[str], values: list[str]
+) -> Iterator[Metric]:
     for name, help_text in (
         ("batches_sent", "Batches the broker acknowledged"),
         ("spooled", "Batches written to the on-disk spool"),
@@ -377,13 +433,14 @@ def _sender_metrics(counters: SenderCounters) -> Iterator[Metric]:
         ("send_errors", "Failed delivery attempts (retried)"),
         ("corrupt_dropped", "Spooled records dropped because they could not be unframed"),
     ):
-        family = CounterMetricFamily(f"minder_agent_{name}", help_text)
-        family.add_metric([], getattr(counters, name))
+        family = CounterMetricFamily(f"minder_agent_{name}", help_text, labels=labels)
+        family.add_metric(values, getattr(counters, name))
         yield family
     for name, help_text in (
         ("spool_bytes", "Bytes of unsent batches in the spool"),
         ("spool_batches", "Unsent batches in the spool"),
+        ("spool_max_bytes", "Bound of the spool; beyond it the oldest batches are dropped"),
     ):
-        gauge = GaugeMetricFamily(f"minder_agent_{name}", help_text)
-        gauge.add_metric([], getattr(counters, name))
+        gauge = GaugeMetricFamily(f"minder_agent_{name}", help_text, labels=labels)
+        gauge.add_metric(values, getattr(counters, name))
         yield gauge

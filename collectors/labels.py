@@ -44,7 +44,9 @@ NAMESPACE_VARIABLES = ("POD_NAMESPACE", "MY_POD_NAMESPACE")
 # Prometheus' label-name alphabet (and lower case, so MINDER_LABEL_GROUP and --label group agree).
 _LABEL_KEY = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MAX_VALUE = 256
-_RESERVED = frozenset({"job", "node", "device", "source", "reason"})
+_RESERVED = frozenset(
+    {"job", "node", "device", "source", "reason", "instance", "job_id", "machine"}
+)
 
 
 class Identity(NamedTuple):

@@ -298,6 +298,7 @@ class AgentRunner:
             spool_batches=len(self.spool),
             send_errors=self.stats.send_errors,
             corrupt_dropped=self.stats.corrupt_dropped,
+            spool_max_bytes=self.spool.max_bytes,
         )
 
     # -- collector ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
@@ -20,6 +21,9 @@ from minder.core.errors import ValidationError
 from minder.storage import SessionFactory
 
 API_PREFIX = "/api/v1"
+
+DOCS_ASSETS_URL = "/docs-assets"
+"""Where the Swagger UI and ReDoc scripts and styles of ``/docs`` and ``/redoc`` are served."""
 
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 """Largest what-if upload (request body) accepted by default: 512 MiB."""
@@ -86,7 +90,10 @@ def create_app(
             await run_in_threadpool(runner.shutdown)
             scratch.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from assets bundled in fastapi-offline, served
+    # under DOCS_ASSETS_URL, not from a CDN: they work on a cluster without internet access
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS_URL,
         title=title,
         version=version,
         description="Faulty-machine detection for large GPU training jobs: jobs, scores, alerts, "

@@ -8,6 +8,7 @@ analysis), so a process pool's start-up, pickling and crash handling would buy n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -53,9 +54,23 @@ class WhatIfMetrics:
         self.slowdown = Gauge(
             "minder_whatif_slowdown",
             "S = T_orig / T_ideal of the job's latest what-if report (1 = no straggling)",
-            ["job"],
+            ["job_id"],
             registry=registry,
         )
+        self.waste = Gauge(
+            "minder_whatif_waste_ratio",
+            "Share of the job's GPU time lost to stragglers, 1 - 1/S, of its latest report",
+            ["job_id"],
+            registry=registry,
+        )
+        self.verdict = Gauge(
+            "minder_whatif_verdict_info",
+            "1 for the root cause named by the job's latest what-if report",
+            ["job_id", "verdict"],
+            registry=registry,
+        )
+        self._verdicts: dict[str, str] = {}
+        self._lock = threading.Lock()
         self.reports = Counter(
             "minder_whatif_reports",
             "What-if reports that reached each status",
@@ -64,6 +79,19 @@ class WhatIfMetrics:
         )
         for status in WhatIfStatus:
             self.reports.labels(status=status.value)
+
+    def set_job(self, job: str, slowdown: float, verdict: str | None) -> None:
+        """Export a job's latest S, waste and verdict (its previous verdict's series goes)."""
+        self.slowdown.labels(job).set(slowdown)
+        self.waste.labels(job).set(1.0 - 1.0 / slowdown if slowdown > 0 else 0.0)
+        with self._lock:
+            previous = self._verdicts.pop(job, None)
+            if previous is not None and previous != verdict:
+                with contextlib.suppress(KeyError):
+                    self.verdict.remove(job, previous)
+            if verdict:
+                self.verdict.labels(job, verdict).set(1)
+                self._verdicts[job] = verdict
 
     @classmethod
     def on(cls, registry: CollectorRegistry) -> WhatIfMetrics:
@@ -191,7 +219,7 @@ class WhatIfRunner:
         restored: set[str] = set()
         for summary in done:  # newest first: the first report of a job is its latest
             if summary.job and summary.slowdown is not None and summary.job not in restored:
-                self._metrics.slowdown.labels(job=summary.job).set(summary.slowdown)
+                self._metrics.set_job(summary.job, summary.slowdown, summary.verdict)
                 restored.add(summary.job)
         return len(restored)
 
@@ -279,7 +307,7 @@ class WhatIfRunner:
             logger.exception("what-if report %s: the analysis raised", task.report_id)
             self._fail(task, f"internal error ({type(exc).__name__}): {exc}")
         else:
-            self._metrics.slowdown.labels(job=job).set(report.slowdown)
+            self._metrics.set_job(job, report.slowdown, report.verdict.cause)
             self._metrics.reports.labels(status=WhatIfStatus.DONE.value).inc()
             logger.info(
                 "what-if report %s: job %s S=%.4f verdict %s",

@@ -194,7 +194,12 @@ def agent_command(
     metrics_port: Annotated[
         int, typer.Option(help="port of the local Prometheus /metrics (0 = off)")
     ] = DEFAULT_METRICS_PORT,
-    metrics_addr: Annotated[str, typer.Option(help="address /metrics listens on")] = "0.0.0.0",
+    metrics_addr: Annotated[
+        str,
+        typer.Option(
+            help="address /metrics listens on (0.0.0.0 to let a remote Prometheus scrape)"
+        ),
+    ] = "127.0.0.1",
     sysfs_root: Annotated[Path, typer.Option(help="root of sysfs (RDMA, netdevs)")] = Path("/sys"),
     ethtool_command: Annotated[
         str, typer.Option(help="command printing ethtool -S statistics ('off' to disable)")

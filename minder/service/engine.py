@@ -19,7 +19,7 @@ import numpy as np
 
 from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow
-from minder.core.alert import Alert
+from minder.core.alert import Alert, AlertKind
 from minder.core.records import NodeBatch
 from minder.service.telemetry import ServiceMetrics
 
@@ -45,6 +45,10 @@ class StateStore(Protocol):
 
     def save_job(self, job: JobSnapshot) -> None:
         """Replace the stored machines and current scores of one job."""
+        ...
+
+    def open_alert_counts(self) -> dict[tuple[str, str], int]:
+        """Alerts not yet resolved, per ``(job, kind)``."""
         ...
 
 
@@ -79,6 +83,7 @@ class JobState:
     detector: JobDetector
     evaluated_sec: int = NEVER
     last_batch_wall: float = 0.0
+    newest_ts: float = -math.inf
 
 
 class DetectionService:
@@ -132,6 +137,9 @@ class DetectionService:
         """Every new alert this service raised, oldest first (bounded by ``max_kept``)."""
         self.max_kept = 10_000
         self._last_persist: dict[str, int] = {}
+        self.open_alerts_every_s = float(persist_every_s)
+        self._open_alerts_at = -math.inf
+        self._open_alert_keys: set[tuple[str, str]] = set()
 
     # -- ingest -----------------------------------------------------------------------------
     def ingest(self, batches: Iterable[NodeBatch]) -> int:
@@ -139,6 +147,7 @@ class DetectionService:
         placed = 0
         now_wall = self.clock()
         newest_ts = -math.inf
+        newest_of: dict[str, float] = {}
         for batch in batches:
             if batch.ts > now_wall + self.max_future_s:
                 # One node with a clock far ahead would drag its job's watermark forward and make
@@ -168,8 +177,15 @@ class DetectionService:
             self.metrics.samples_too_old.inc(state.window.stats.too_old - before)
             self.metrics.samples.inc(len(batch.samples))
             newest_ts = max(newest_ts, batch.ts)
+            if batch.ts > newest_of.get(batch.job, -math.inf):
+                newest_of[batch.job] = batch.ts
             placed += 1
         self.metrics.batches.inc(placed)
+        for job, ts in newest_of.items():
+            state = self.jobs[job]
+            if ts > state.newest_ts:
+                state.newest_ts = ts
+                self.metrics.job_last_sample.labels(job).set(ts)
         if placed:
             self.metrics.lag.set(max(0.0, now_wall - newest_ts))
         return placed
@@ -186,7 +202,29 @@ class DetectionService:
             new_alerts.extend(self._advance(state))
         self.metrics.jobs.set(len(self.jobs))
         self.metrics.machines.set(sum(s.window.n_machines for s in self.jobs.values()))
+        self._export_open_alerts()
         return new_alerts
+
+    def _export_open_alerts(self) -> None:
+        """Refresh ``minder_open_alerts`` from the store (operators resolve alerts through the
+        API, so the store is the truth), at most every ``open_alerts_every_s`` seconds."""
+        now = time.monotonic()
+        if self.store is None or now - self._open_alerts_at < self.open_alerts_every_s:
+            return
+        self._open_alerts_at = now
+        try:
+            counts = self.store.open_alert_counts()
+        except Exception as exc:
+            logger.warning("cannot count open alerts: %s", exc)
+            return
+        # Every live job shows every kind (0 when none), so "no open alert" is a value, not a gap.
+        keys = set(counts) | {(job, kind.value) for job in self.jobs for kind in AlertKind}
+        for job, kind in keys:
+            self.metrics.open_alerts.labels(job, kind).set(counts.get((job, kind), 0))
+        for job, kind in self._open_alert_keys - keys:
+            with contextlib.suppress(KeyError):
+                self.metrics.open_alerts.remove(job, kind)
+        self._open_alert_keys = keys
 
     def _advance(self, state: JobState) -> list[Alert]:
         window = state.window
@@ -209,6 +247,9 @@ class DetectionService:
             # First evaluation, or a gap longer than the window: nothing older is still held.
             start = watermark
         out: list[Alert] = []
+        if start <= watermark:
+            self.metrics.job_last_evaluation.labels(window.job).set(self.clock())
+            self.metrics.job_machines.labels(window.job).set(window.n_machines)
         for sec in range(start, watermark + 1):
             began = time.process_time()
             raised = state.detector.evaluate(window, sec)
@@ -319,9 +360,7 @@ class DetectionService:
         self._last_persist[state.window.job] = sec
         snapshot = self.snapshot(state.window.job)
         for machine in snapshot.machines:
-            self.metrics.machine_score.labels(job=snapshot.job, machine=machine.machine).set(
-                machine.score
-            )
+            self.metrics.machine_score.labels(snapshot.job, machine.machine).set(machine.score)
         if self.store is None:
             return
         try:
@@ -332,7 +371,5 @@ class DetectionService:
     def _retire(self, job: str) -> None:
         state = self.jobs.pop(job)
         logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
-        for info in state.window.machines:
-            with contextlib.suppress(KeyError):
-                self.metrics.machine_score.remove(job, info.name)
+        self.metrics.forget_job(job, [info.name for info in state.window.machines])
         self._last_persist.pop(job, None)

@@ -9,6 +9,7 @@ from collections import Counter
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService
 from minder.stream.consumer import BatchConsumer
+from minder.stream.deadletter import REASON_CLASSES
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ class DetectionWorker:
         self._thread: threading.Thread | None = None
         self._seen_consumed = 0
         self._seen_dead: Counter[str] = Counter()
+        self._seen_failed: Counter[str] = Counter()
+        self._seen_retries = (0, 0)
+        self._lag_keys: set[tuple[str, int]] = set()
+        service.metrics.init_reasons(REASON_CLASSES)
         self.polls = 0
 
     def _handle(self, batches: list[NodeBatch]) -> None:
@@ -51,8 +56,24 @@ class DetectionWorker:
         for reason, count in stats.dead_lettered_by_reason.items():
             delta = count - self._seen_dead[reason]
             if delta:
-                metrics.decode_failures.labels(reason=reason).inc(delta)
+                metrics.dead_letters.labels(reason=reason).inc(delta)
                 self._seen_dead[reason] = count
+        for reason, count in stats.decode_failures_by_reason.items():
+            delta = count - self._seen_failed[reason]
+            if delta:
+                metrics.decode_failures.labels(reason=reason).inc(delta)
+                self._seen_failed[reason] = count
+        dead_failed, handler_failed = self._seen_retries
+        metrics.deadletter_failures.inc(stats.deadletter_failures - dead_failed)
+        metrics.handler_failures.inc(stats.handler_failures - handler_failed)
+        self._seen_retries = (stats.deadletter_failures, stats.handler_failures)
+        backlog = stats.backlog_by_partition
+        for (topic, partition), count in backlog.items():
+            metrics.consumer_lag.labels(topic, str(partition)).set(count)
+        for topic, partition in self._lag_keys - set(backlog):
+            metrics.consumer_lag.remove(topic, str(partition))
+        self._lag_keys = set(backlog)
+        metrics.assigned_partitions.set(stats.assigned_partitions)
 
     @property
     def ready(self) -> bool:

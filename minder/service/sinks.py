@@ -14,8 +14,8 @@ import orjson
 from minder.core.alert import Alert
 from minder.service.engine import JobSnapshot
 from minder.service.telemetry import ServiceMetrics
-from minder.storage.alerts import record_alert
-from minder.storage.engine import SessionFactory
+from minder.storage.alerts import count_active_alerts_by_kind, record_alert
+from minder.storage.engine import SessionFactory, read_only
 from minder.storage.jobs import save_scores, upsert_job_machines
 from minder.storage.records import MachineInfo, ScoreRow
 from minder.stream.producer import AlertPublisher
@@ -32,6 +32,10 @@ class SqlStateStore:
     def record_alert(self, alert: Alert) -> tuple[Alert, bool]:
         with self.sessions.begin() as session:
             return record_alert(session, alert)
+
+    def open_alert_counts(self) -> dict[tuple[str, str], int]:
+        with self.sessions() as session:
+            return count_active_alerts_by_kind(read_only(session))
 
     def save_job(self, job: JobSnapshot) -> None:
         machines = [

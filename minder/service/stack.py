@@ -128,6 +128,7 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         publisher.close()
         engine.dispose()
         raise
+    metrics.init_sinks([sink.name for sink in sinks])
     service = DetectionService(
         factory,
         grace_s=settings.detection.grace_s,

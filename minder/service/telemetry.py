@@ -1,8 +1,24 @@
-"""Prometheus metrics the detection service exports (prefix ``minder_``, base units)."""
+"""Prometheus metrics the detection service exports (prefix ``minder_``, base units).
+
+Label hygiene (docs/metrics.md): no label is named ``job`` or ``instance``, which Prometheus
+attaches to every scraped series itself (a default scrape would rename ours to
+``exported_job``); Minder's job is ``job_id``. Per-job series are removed when the job retires, so
+their number follows the jobs and machines this worker watches.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from minder import __version__
+from minder.core.alert import AlertKind
+
+JOB_LABEL = "job_id"
+"""The label that names Minder's job (``job`` belongs to Prometheus' scrape configuration)."""
+
+DELIVERY_OUTCOMES = ("ok", "accepted", "error", "dropped")
 
 
 class ServiceMetrics:
@@ -11,6 +27,9 @@ class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        Info("minder_build", "Version of the running Minder", registry=r).info(
+            {"version": __version__}
+        )
         self.messages = Counter(
             "minder_messages_consumed_total",
             "Kafka messages read from the metrics topic",
@@ -37,8 +56,24 @@ class ServiceMetrics:
         )
         self.decode_failures = Counter(
             "minder_decode_failures_total",
-            "Messages that failed to decode and went to the dead-letter topic",
+            "Messages of the metrics topic that could not be decoded, by reason class",
             ["reason"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "minder_dead_letters_total",
+            "Messages written to the dead-letter topic (acknowledged by the broker), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.deadletter_failures = Counter(
+            "minder_deadletter_failures_total",
+            "Polls retried because a dead letter could not be written",
+            registry=r,
+        )
+        self.handler_failures = Counter(
+            "minder_handler_failures_total",
+            "Polls retried because detection raised on their batches",
             registry=r,
         )
         self.lag = Gauge(
@@ -46,14 +81,31 @@ class ServiceMetrics:
             "Wall-clock time minus the newest sample time processed",
             registry=r,
         )
+        self.consumer_lag = Gauge(
+            "minder_consumer_lag_messages",
+            "Messages of an assigned partition not consumed yet (high watermark - position)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.assigned_partitions = Gauge(
+            "minder_assigned_partitions",
+            "Partitions of the metrics topic this worker owns in its consumer group",
+            registry=r,
+        )
         self.machine_score = Gauge(
             "minder_machine_score",
             "Highest robust peer z-score of a machine over all metrics at the last evaluation",
-            ["job", "machine"],
+            [JOB_LABEL, "machine"],
             registry=r,
         )
         self.alerts = Counter(
             "minder_alerts_total", "Alerts raised (new faults)", ["kind"], registry=r
+        )
+        self.open_alerts = Gauge(
+            "minder_open_alerts",
+            "Alerts open or acknowledged (not yet resolved), per job and kind",
+            [JOB_LABEL, "kind"],
+            registry=r,
         )
         self.alert_deliveries = Counter(
             "minder_alert_deliveries_total",
@@ -63,11 +115,49 @@ class ServiceMetrics:
         )
         self.jobs = Gauge("minder_jobs", "Jobs with a live detection window", registry=r)
         self.machines = Gauge("minder_machines", "Machines across live job windows", registry=r)
+        self.job_machines = Gauge(
+            "minder_job_machines", "Machines in the job's detection window", [JOB_LABEL], registry=r
+        )
+        self.job_last_sample = Gauge(
+            "minder_job_last_sample_timestamp_seconds",
+            "Unix time of the newest sample received for the job (freshness: time() - this)",
+            [JOB_LABEL],
+            registry=r,
+        )
+        self.job_last_evaluation = Gauge(
+            "minder_job_last_evaluation_timestamp_seconds",
+            "Wall-clock unix time of the job's last detection pass",
+            [JOB_LABEL],
+            registry=r,
+        )
         self.evaluation_seconds = Histogram(
             "minder_evaluation_seconds",
             "CPU time of one detection pass over one job-second",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
-        for kind in ("rule", "similarity", "straggler", "silence"):
-            self.alerts.labels(kind=kind)
+        for kind in AlertKind:
+            self.alerts.labels(kind=kind.value)
+
+    def init_sinks(self, names: list[str]) -> None:
+        """Export every sink's deliveries from the start (at 0), so rates exist before alerts."""
+        for name in names:
+            for outcome in ("accepted", "error"):
+                self.alert_deliveries.labels(sink=name, outcome=outcome)
+        for outcome in ("ok", "error"):
+            self.alert_deliveries.labels(sink="store", outcome=outcome)
+
+    def init_reasons(self, reasons: tuple[str, ...]) -> None:
+        """Export every decode-failure and dead-letter reason class from the start (at 0)."""
+        for reason in reasons:
+            self.decode_failures.labels(reason=reason)
+            self.dead_letters.labels(reason=reason)
+
+    def forget_job(self, job: str, machines: list[str]) -> None:
+        """Remove a retired job's series."""
+        for machine in machines:
+            with contextlib.suppress(KeyError):
+                self.machine_score.remove(job, machine)
+        for gauge in (self.job_machines, self.job_last_sample, self.job_last_evaluation):
+            with contextlib.suppress(KeyError):
+                gauge.remove(job)

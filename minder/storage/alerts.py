@@ -354,6 +354,16 @@ def set_alert_status(session: Session, alert_id: str, status: AlertStatus | str)
     return _to_alert(row)
 
 
+def count_active_alerts_by_kind(session: Session) -> dict[tuple[str, str], int]:
+    """Open or acknowledged alerts per ``(job, kind)``, for every job that has any."""
+    query = (
+        select(AlertRow.job, AlertRow.kind, func.count())
+        .where(AlertRow.status.in_(ACTIVE_STATUSES))
+        .group_by(AlertRow.job, AlertRow.kind)
+    )
+    return {(job, str(kind)): int(count) for job, kind, count in session.execute(query)}
+
+
 def count_active_alerts(session: Session, jobs: Sequence[str] | None = None) -> dict[str, int]:
     """Open or acknowledged alerts per job (of ``jobs``, or of every job)."""
     query = (

@@ -107,6 +107,12 @@ class ConsumerStats:
         Newest batch timestamp handled so far.
     backlog_messages
         Messages in the assigned partitions not yet consumed, as of the latest fetch.
+    backlog_by_partition
+        ``backlog_messages`` per assigned ``(topic, partition)`` (0 until a fetch says more);
+        replaced, never mutated, so another thread may read it.
+    decode_failures_by_reason
+        Messages that failed to decode, per reason class (counted when decoding fails, whether
+        or not the dead letter could be written yet).
     assigned_partitions
         Partitions this consumer owns now.
     """
@@ -128,10 +134,19 @@ class ConsumerStats:
     last_batch_ts: float | None = None
     backlog_messages: int = 0
     assigned_partitions: int = 0
+    backlog_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
+    decode_failures_by_reason: Counter[str] = field(
+        default_factory=lambda: Counter(dict.fromkeys(REASON_CLASSES, 0))
+    )
 
     def snapshot(self) -> ConsumerStats:
         """A copy, for a reader in another thread than the consumer's."""
-        return replace(self, dead_lettered_by_reason=Counter(self.dead_lettered_by_reason))
+        return replace(
+            self,
+            dead_lettered_by_reason=Counter(self.dead_lettered_by_reason),
+            decode_failures_by_reason=Counter(self.decode_failures_by_reason),
+            backlog_by_partition=dict(self.backlog_by_partition),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +186,9 @@ class _Assignments(ConsumerRebalanceListener):
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         logger.info("partitions assigned: %s", _names(assigned))
         self._owner.stats.assigned_partitions = len(self._owner._consumer.assignment())
+        for tp in assigned:
+            self._owner._backlog.setdefault(tp, 0)
+        self._owner._publish_backlog()
         # Runs inside the client's event loop, where a blocking request would stall it: the
         # consumer repositions these partitions itself, right after the poll.
         self._owner._reposition |= assigned
@@ -398,6 +416,7 @@ class BatchConsumer:
         reason = describe_failure(exc)
         cls = reason_class(exc)
         self._refused[cls] += 1
+        self.stats.decode_failures_by_reason[cls] += 1
         if not isinstance(exc, ValidationError):
             logger.error(
                 "decoder raised on %s[%d]@%d",
@@ -512,6 +531,12 @@ class BatchConsumer:
                 continue
             if highwater is not None:
                 self._backlog[tp] = max(0, highwater - (records[-1].offset + 1))
+        self._publish_backlog()
+
+    def _publish_backlog(self) -> None:
+        self.stats.backlog_by_partition = {
+            (tp.topic, tp.partition): count for tp, count in self._backlog.items()
+        }
         self.stats.backlog_messages = sum(self._backlog.values())
 
     def _resume_from_committed(self) -> set[TopicPartition]:
@@ -545,7 +570,7 @@ class BatchConsumer:
         for tp in revoked:
             self._backlog.pop(tp, None)
         self._pending_dead = {key for key in self._pending_dead if key[0] not in revoked}
-        self.stats.backlog_messages = sum(self._backlog.values())
+        self._publish_backlog()
         self.stats.assigned_partitions = max(0, self.stats.assigned_partitions - len(revoked))
 
     # -- life cycle ------------------------------------------------------------------------

@@ -255,7 +255,17 @@ def test_exporter_serves_the_last_batch_and_agent_counters() -> None:
     exporter = AgentExporter(agent)
     before = _families(exporter)
     assert "minder_node_gpu_util_ratio" not in before
-    assert before["minder_agent_info"][0].labels == {"job": "j1", "node": "n1", "group": "pp0"}
+    assert before["minder_agent_info"][0].labels == {
+        "job_id": "j1",
+        "machine": "n1",
+        "group": "pp0",
+    }
+    # every source's exception count exists from the start, at 0
+    assert {(s.labels["source"], s.value) for s in before["minder_agent_source_errors"]} == {
+        ("nvml", 0),
+        ("host", 0),
+        ("probe", 0),
+    }
 
     agent.collect_once(T0)
     gpu.samples = [("gpu_util_ratio", "gpu0", 0.125)]  # gpu1 vanished: no stale series
@@ -264,26 +274,50 @@ def test_exporter_serves_the_last_batch_and_agent_counters() -> None:
     assert {s.labels["device"]: s.value for s in families["minder_node_gpu_util_ratio"]} == {
         "gpu0": 0.125
     }
-    assert families["minder_node_cpu_util_ratio"][0].labels == {"device": ""}
+    assert families["minder_node_cpu_util_ratio"][0].labels == {
+        "device": "",
+        "job_id": "j1",
+        "machine": "n1",
+    }
     assert families["minder_agent_collections"][0].value == 2
     errors = {
         (s.labels["source"], s.labels["reason"]): s.value
         for s in families["minder_agent_source_errors"]
     }
-    assert errors == {("probe", "exception"): 2}
+    assert errors == {("probe", "exception"): 2, ("nvml", "exception"): 0, ("host", "exception"): 0}
     seconds = {s.labels["source"] for s in families["minder_agent_collect_seconds"]}
     assert seconds == {"nvml", "host", "probe"}
     assert families["minder_agent_last_collection_timestamp_seconds"][0].value == T0 + 1
     assert "minder_agent_batches_sent" not in families
 
     exporter.set_sender(
-        lambda: SenderCounters(batches_sent=5, dropped_oldest=2, spool_bytes=99, corrupt_dropped=3)
+        lambda: SenderCounters(
+            batches_sent=5, dropped_oldest=2, spool_bytes=99, corrupt_dropped=3, spool_max_bytes=400
+        )
     )
     families = _families(exporter)
+    assert families["minder_agent_spool_max_bytes"][0].value == 400
     assert families["minder_agent_batches_sent"][0].value == 5
     assert families["minder_agent_dropped_oldest"][0].value == 2
     assert families["minder_agent_spool_bytes"][0].value == 99
     assert families["minder_agent_corrupt_dropped"][0].value == 3
+
+
+def test_event_counts_are_exported_as_counters_since_start() -> None:
+    gpu = FakeSource("nvml", [("gpu_xid_count", "gpu3", 2.0), ("gpu_util_ratio", "gpu3", 0.5)])
+    agent = _agent(gpu)
+    exporter = AgentExporter(agent)
+    agent.collect_once(T0)
+    gpu.samples = [("gpu_xid_count", "gpu3", 1.0), ("gpu_util_ratio", "gpu3", 0.5)]
+    agent.collect_once(T0 + 1)
+    text = generate_latest(exporter.registry).decode()
+    # no gauge ends in _count (promtool rejects them): the interval counts add up to a counter
+    assert "minder_node_gpu_xid_count" not in text
+    assert "# TYPE minder_node_gpu_xid_total counter" in text
+    families = _families(exporter)
+    [sample] = families["minder_node_gpu_xid"]
+    assert sample.value == 3.0
+    assert sample.labels == {"job_id": "j1", "machine": "n1", "device": "gpu3"}
 
 
 def test_exporter_uses_its_own_registry_and_serves_http() -> None:
@@ -298,7 +332,7 @@ def test_exporter_uses_its_own_registry_and_serves_http() -> None:
         assert exporter.port
         with urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5) as r:
             body = r.read().decode()
-        assert 'minder_node_cpu_util_ratio{device=""} 0.5' in body
+        assert 'minder_node_cpu_util_ratio{device="",job_id="j1",machine="n1"} 0.5' in body
     finally:
         exporter.shutdown()
     assert exporter.port is None

@@ -326,8 +326,8 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         result = runner.invoke(app, args, env=_clean_env())
         assert result.exit_code == 0, result.output
         assert scraped, "the agent never reported a delivered batch on /metrics"
-        assert 'minder_node_cpu_util_ratio{device=""}' in scraped[0]
-        assert 'minder_agent_info{job="jk",node="nk"} 1.0' in scraped[0]
+        assert 'minder_node_cpu_util_ratio{device="",job_id="jk",machine="nk"}' in scraped[0]
+        assert 'minder_agent_info{job_id="jk",machine="nk"} 1.0' in scraped[0]
 
         consumer = BatchConsumer(
             broker.bootstrap,

@@ -135,7 +135,7 @@ def test_uploaded_st_trace_is_analysed_in_the_background(client: TestClient, wor
     assert [w["name"] for w in report["whatifs"]] == ["pp-comm:free"]
 
     [gauge] = metric_lines(client, "minder_whatif_slowdown{")
-    assert gauge.startswith('minder_whatif_slowdown{job="ST"} ')
+    assert gauge.startswith('minder_whatif_slowdown{job_id="ST"} ')
     assert float(gauge.split()[-1]) == pytest.approx(body["slowdown"])
     counts = metric_lines(client, "minder_whatif_reports_total")
     for status, count in (("pending", 1), ("running", 1), ("done", 1), ("failed", 0)):
@@ -147,7 +147,7 @@ def test_a_named_job_labels_the_report_and_the_gauge(client: TestClient) -> None
     report_id = submitted(client.post("/api/v1/whatif", files=st_files(), data={"job": "llm-7"}))
     assert finished(client, report_id)["job"] == "llm-7"
     assert metric_lines(client, "minder_whatif_slowdown{")[0].startswith(
-        'minder_whatif_slowdown{job="llm-7"} '
+        'minder_whatif_slowdown{job_id="llm-7"} '
     )
 
 
@@ -527,5 +527,5 @@ def test_a_restarted_app_restores_each_jobs_latest_slowdown(
         )
     # A new process: a fresh registry, the same database.
     with serving(sessions, CollectorRegistry(), whatif_roots=[root]) as client:
-        [gauge] = metric_lines(client, 'minder_whatif_slowdown{job="llm-9"}')
+        [gauge] = metric_lines(client, 'minder_whatif_slowdown{job_id="llm-9"}')
     assert float(gauge.split()[-1]) == pytest.approx(report["slowdown"])
