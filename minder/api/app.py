@@ -117,8 +117,10 @@ def create_app(
     for router in (health.router, jobs.router, alerts.router, whatif.router, metrics.router):
         v1.include_router(router)
     app.include_router(v1)
-    # Prometheus scrapes /metrics by convention; /api/v1/metrics is the same handler
+    # Prometheus scrapes /metrics, and probes ask /health and /ready, by convention; the
+    # /api/v1 paths are the same handlers
     app.include_router(metrics.router)
+    app.include_router(health.router)
     return app
 
 

@@ -1,30 +1,119 @@
-"""The root ``minder`` command: one module per command or command group, registered here.
+"""The root ``minder`` command: one module per command or command group, loaded when used.
 
-Command modules import :mod:`minder.cli.common` and what they use, never each other or this
+``minder --help`` and ``minder whatif analyze --help`` must not import the detection engine, the
+benchmark, the agent's collectors or torch: each command module is imported only when its command
+runs (or its own help is asked for). The root lists them from :data:`COMMANDS` without importing
+them. Command modules import :mod:`minder.cli.common` and what they use, never each other or this
 module, so there is no import cycle.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Annotated
+import importlib
+from typing import Annotated, Any, NamedTuple
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from minder.cli.agent import agent_command
-from minder.cli.bench import bench_app
-from minder.cli.demo import demo_command
-from minder.cli.detect import detect_command
-from minder.cli.serve import serve_command
-from minder.cli.simulate import simulate_command
-from minder.cli.train import train_command
-from minder.cli.whatif import whatif_app
 from minder.logging_setup import configure_logging
 
-logger = logging.getLogger(__name__)
+
+class LazyCommand(NamedTuple):
+    """Where a command lives, and its one-line help for ``minder --help``."""
+
+    module: str
+    attribute: str
+    help: str
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "demo": LazyCommand(
+        "minder.cli.demo",
+        "demo_command",
+        "Run broker, service, API and a simulated 64-machine job with an injected fault.",
+    ),
+    "serve": LazyCommand(
+        "minder.cli.serve",
+        "serve_command",
+        "Run the detection service and its HTTP API (settings from MINDER_* variables).",
+    ),
+    "agent": LazyCommand(
+        "minder.cli.agent", "agent_command", "Run the node agent: collect, spool, send to Kafka."
+    ),
+    "detect": LazyCommand(
+        "minder.cli.detect",
+        "detect_command",
+        "Detect faulty machines in a canonical metric table (docs/architecture.md §3.3).",
+    ),
+    "simulate": LazyCommand(
+        "minder.cli.simulate",
+        "simulate_command",
+        "Simulate a cluster from a scenario file: write the metric table or publish to Kafka.",
+    ),
+    "train": LazyCommand(
+        "minder.cli.train",
+        "train_command",
+        "Train a detector model (denoisers, metric priorities) from a labelled metric table.",
+    ),
+    "whatif": LazyCommand(
+        "minder.cli.whatif",
+        "whatif_app",
+        "What-if straggler analysis of job traces (canonical Parquet or Kineto JSON).",
+    ),
+    "bench": LazyCommand(
+        "minder.cli.bench", "bench_app", "Benchmarks of the detectors on labelled simulated jobs."
+    ),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """Import the module of command ``name`` and return its click command."""
+    spec = COMMANDS[name]
+    target = getattr(importlib.import_module(spec.module), spec.attribute)
+    if isinstance(target, typer.Typer):
+        command = typer.main.get_command(target)
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(name=name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class _Deferred(click.Command):
+    """Stands for a command in listings; becomes the real one when it is invoked."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, help=COMMANDS[name].help, short_help=COMMANDS[name].help)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # The group then invokes ``sub_ctx.command``: the real command.
+        assert self.name is not None
+        return load_command(self.name).make_context(info_name, args, parent=parent, **extra)
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            return _Deferred(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
 
 app = typer.Typer(
     name="minder",
+    cls=LazyGroup,
     help="Keeps very large GPU training jobs healthy.",
     no_args_is_help=True,
     add_completion=False,
@@ -42,16 +131,6 @@ def _root(
             f"{log_level[:40]!r}: expected DEBUG, INFO, WARNING or ERROR", param_hint="--log-level"
         )
     configure_logging(log_level)
-
-
-app.command(name="demo")(demo_command)
-app.command(name="serve")(serve_command)
-app.command(name="detect")(detect_command)
-app.command(name="simulate")(simulate_command)
-app.command(name="train")(train_command)
-app.command(name="agent")(agent_command)
-app.add_typer(whatif_app, name="whatif")
-app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

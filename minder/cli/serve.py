@@ -42,7 +42,6 @@ def serve_command(
     """
     from minder.core.errors import MinderError  # noqa: PLC0415
     from minder.logging_setup import configure_logging  # noqa: PLC0415
-    from minder.service.stack import Stack, build_stack  # noqa: PLC0415
 
     settings = load_settings()
     if host is not None:
@@ -50,6 +49,16 @@ def serve_command(
     if port is not None:
         settings.api.port = port
     configure_logging(settings.log_level)
+    if not embedded_broker:
+        # Before importing the service (seconds): a missing broker is said in one line at once.
+        from minder.stream.topics import check_reachable  # noqa: PLC0415
+
+        try:
+            check_reachable(settings.kafka.bootstrap)
+        except MinderError as exc:
+            raise fail(exc) from None
+    from minder.service.stack import Stack, build_stack  # noqa: PLC0415
+
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -92,17 +92,13 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
     """Connect storage and Kafka per ``settings`` and wire the service together."""
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
+    kafka = settings.kafka
+    # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
+    check_reachable(kafka.bootstrap)
     metrics = ServiceMetrics(registry)
     engine = create_engine_for(settings.database.url, echo=settings.database.echo)
     upgrade_database(engine)
     sessions = session_factory(engine)
-    kafka = settings.kafka
-    try:
-        # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
-        check_reachable(kafka.bootstrap)
-    except MinderError:
-        engine.dispose()
-        raise
     ensure_topics(
         kafka.bootstrap,
         {

@@ -14,10 +14,15 @@ from minder.api import create_app
 from minder.storage import SessionFactory, create_engine_for, session_factory
 
 
-def test_health_is_always_ok_with_version(client: TestClient) -> None:
-    response = client.get("/api/v1/health")
+@pytest.mark.parametrize("path", ["/api/v1/health", "/health"])
+def test_health_is_always_ok_with_version(client: TestClient, path: str) -> None:
+    response = client.get(path)
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "version": minder.__version__}
+
+
+def test_probes_find_ready_at_the_root_too(client: TestClient) -> None:
+    assert client.get("/ready").json() == client.get("/api/v1/ready").json()
 
 
 def test_ready_when_database_and_checks_pass(sessions: SessionFactory) -> None:

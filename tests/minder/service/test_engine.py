@@ -55,7 +55,8 @@ def test_each_second_is_evaluated_once_after_the_grace_period() -> None:
     assert registry.get_sample_value("minder_jobs") == 2
     assert registry.get_sample_value("minder_machines") == 16
     assert (
-        registry.get_sample_value("minder_machine_score", {"job_id": "a", "machine": "a-n0001"}) >= 0
+        registry.get_sample_value("minder_machine_score", {"job_id": "a", "machine": "a-n0001"})
+        >= 0
     )
 
 

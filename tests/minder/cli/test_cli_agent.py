@@ -24,7 +24,7 @@ from minder.core.codec import batch_from_dict
 from minder.core.metrics import validate_sample
 
 SHARED = (
-    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
+    Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
 )
 
 app = typer.Typer()
