@@ -64,6 +64,9 @@ COMMANDS: dict[str, LazyCommand] = {
     "bench": LazyCommand(
         "minder.cli.bench", "bench_app", "Benchmarks of the detectors on labelled simulated jobs."
     ),
+    "dashboards": LazyCommand(
+        "minder.cli.dashboards", "dashboards_app", "Minder's Grafana dashboards: list, push."
+    ),
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 import urllib.request
 from collections.abc import Sequence
 
@@ -336,3 +338,37 @@ def test_exporter_uses_its_own_registry_and_serves_http() -> None:
     finally:
         exporter.shutdown()
     assert exporter.port is None
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian 'prometheus') absent"
+)
+def test_promtool_accepts_the_agent_metrics() -> None:
+    gpu = FakeSource(
+        "nvml",
+        [
+            ("gpu_util_ratio", "gpu0", 0.5),
+            ("gpu_xid_count", "gpu0", 1.0),
+            ("gpu_ecc_sbe_count", "gpu0", 0.0),
+            ("gpu_pcie_replay_count", "gpu0", 2.0),
+        ],
+    )
+    nic = FakeSource(
+        "rdma", [("rdma_link_downed_count", "mlx5_0", 0.0), ("rdma_port_up", "mlx5_0", 1.0)]
+    )
+    agent = _agent(gpu, nic, FakeSource("probe", raises=RuntimeError("x")))
+    exporter = AgentExporter(agent)
+    exporter.set_sender(lambda: SenderCounters(batches_sent=1, spool_max_bytes=2**20))
+    agent.collect_once(T0)
+    text = generate_latest(exporter.registry).decode()
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    labels = {
+        name
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        for name in sample.labels
+    }
+    assert not labels & {"job", "instance"}
