@@ -149,7 +149,7 @@ class Agent:
         self._seconds: dict[str, float] = {}
         self._seconds_total: Counter[str] = Counter()
         # Event counts per interval (metrics of kind "count"), summed since start for /metrics.
-        self._count_totals: Counter[tuple[str, str]] = Counter()
+        self._count_totals: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()  # counters are read by the /metrics thread
         self._logged: set[tuple[str, str]] = set()
         # (metric, device) pairs already checked: the names and devices repeat every interval,
@@ -162,7 +162,7 @@ class Agent:
         events: list[Event] = []
         seen: set[tuple[str, str]] = set()
         errors: Counter[tuple[str, str]] = Counter()
-        counts: Counter[tuple[str, str]] = Counter()
+        counts: dict[tuple[str, str], float] = {}
         seconds: dict[str, float] = {}
         for source in self.sources:
             started = time.perf_counter()
@@ -204,7 +204,7 @@ class Agent:
                 seen.add(key)
                 samples.append((metric, device, float(value)))
                 if spec.kind is MetricKind.COUNT:
-                    counts[key] += float(value)
+                    counts[key] = counts.get(key, 0.0) + float(value)
             events.extend(collected.events)
         batch = NodeBatch(
             job=self.job,
@@ -219,7 +219,8 @@ class Agent:
             self._errors.update(errors)
             self._seconds = seconds
             self._seconds_total.update(seconds)
-            self._count_totals.update(counts)
+            for key, value in counts.items():
+                self._count_totals[key] = self._count_totals.get(key, 0.0) + value
             self.collections_total += 1
             self.last_batch = batch
         return batch

@@ -12,9 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Annotated, Any, NamedTuple
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from minder.logging_setup import configure_logging
 
@@ -70,7 +69,7 @@ COMMANDS: dict[str, LazyCommand] = {
 }
 
 
-def load_command(name: str) -> click.Command:
+def load_command(name: str) -> TyperCommand | TyperGroup:
     """Import the module of command ``name`` and return its click command."""
     spec = COMMANDS[name]
     target = getattr(importlib.import_module(spec.module), spec.attribute)
@@ -81,10 +80,11 @@ def load_command(name: str) -> click.Command:
         single.command(name=name)(target)
         command = typer.main.get_command(single)
     command.name = name
+    assert isinstance(command, TyperCommand | TyperGroup)
     return command
 
 
-class _Deferred(click.Command):
+class _Deferred(TyperCommand):
     """Stands for a command in listings; becomes the real one when it is invoked."""
 
     def __init__(self, name: str) -> None:
@@ -94,9 +94,10 @@ class _Deferred(click.Command):
         self,
         info_name: str | None,
         args: list[str],
-        parent: click.Context | None = None,
+        parent: Any = None,
         **extra: Any,
-    ) -> click.Context:
+    ) -> Any:
+        # ``Any``: typer vendors click, whose Context type is private to typer
         # The group then invokes ``sub_ctx.command``: the real command.
         assert self.name is not None
         return load_command(self.name).make_context(info_name, args, parent=parent, **extra)
@@ -105,13 +106,15 @@ class _Deferred(click.Command):
 class LazyGroup(TyperGroup):
     """A typer group whose subcommands are imported on first use."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *COMMANDS]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> TyperCommand | TyperGroup | None:
         if cmd_name in COMMANDS:
             return _Deferred(cmd_name)
-        return super().get_command(ctx, cmd_name)
+        found = super().get_command(ctx, cmd_name)
+        assert found is None or isinstance(found, TyperCommand | TyperGroup)
+        return found
 
 
 app = typer.Typer(

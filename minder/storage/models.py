@@ -148,3 +148,90 @@ class WhatIfReportRow(Base):
     # plain JSON, not JSONB: the report is only ever read whole, and JSON keeps its key order
     # (docs/architecture.md §3.5 keys first), which JSONB would sort away
     report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+OUTBOX_STATUSES = ("pending", "delivered", "expired")
+"""Every status of an outbox row (:class:`minder.storage.outbox.DeliveryStatus`)."""
+
+
+class OutboxRow(Base):
+    """One event to deliver to one destination, written in the transaction that caused it.
+
+    Rows stay until delivered or expired; ``delivery_id`` is stable across attempts and
+    restarts, so receivers can de-duplicate (at-least-once delivery).
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ({})".format(", ".join(f"'{s}'" for s in OUTBOX_STATUSES)), name="status"
+        ),
+        # what a delivery worker asks for: its destination's pending rows, due first
+        Index(
+            "ix_outbox_destination_status_next_attempt_at",
+            "destination",
+            "status",
+            "next_attempt_at",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(64), unique=True)
+    destination: Mapped[str] = mapped_column(String(128))
+    event: Mapped[str] = mapped_column(String(64))
+    alert_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    job: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Double, index=True)
+    next_attempt_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    delivered_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    lease_until: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class ActionAuditRow(Base):
+    """One attempt, result or undo of a scheduler action (or why none was taken)."""
+
+    __tablename__ = "action_audit"
+    __table_args__ = (Index("ix_action_audit_machine_created_at", "machine", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[float] = mapped_column(Double, index=True)
+    alert_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    job: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    machine: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    target: Mapped[str] = mapped_column(String(32))
+    operation: Mapped[str] = mapped_column(String(32))
+    mode: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(32), index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    delivery_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class BreakerRow(Base):
+    """State of a circuit breaker: once tripped, it stays so until an operator resets it."""
+
+    __tablename__ = "breakers"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tripped: Mapped[int] = mapped_column(Integer, default=0)
+    tripped_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reset_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reset_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class JobSettingRow(Base):
+    """Per-job operator settings (today: whether Minder may act on the job's machines)."""
+
+    __tablename__ = "job_settings"
+
+    job: Mapped[str] = mapped_column(String(255), primary_key=True)
+    actions_enabled: Mapped[int] = mapped_column(Integer, default=1)
+    updated_at: Mapped[float] = mapped_column(Double)
+    updated_by: Mapped[str | None] = mapped_column(String(255), nullable=True)

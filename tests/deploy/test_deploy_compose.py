@@ -142,7 +142,7 @@ def test_minder_service_settings(services: dict[str, dict[str, Any]]) -> None:
     assert env["MINDER_DATABASE__URL"].endswith("/" + postgres["POSTGRES_DB"])
     assert "MINDER_API__TOKEN" in env
     assert "/ready" in " ".join(minder["healthcheck"]["test"])
-    assert minder.get("stop_signal") == "SIGINT"
+    assert minder.get("stop_signal") == "SIGTERM"
 
 
 def test_simulator_publishes_the_demo_job(services: dict[str, dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,25 @@ def test_rule_glob_leaves_the_test_file_out() -> None:
     # Prometheus loads /etc/prometheus/rules/*.rules.yml: the unit tests must not match.
     assert RULES.match("*.rules.yml")
     assert not RULE_TESTS.match("*.rules.yml")
+
+
+def _exported_names(registry: Any) -> set[str]:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry).decode()
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+
+
+def test_rules_use_metrics_the_exporters_really_export() -> None:
+    """The rules against the /metrics of the service and of an agent with a sender."""
+    from collectors.agent import Agent, AgentExporter, SenderCounters
+    from minder.service.telemetry import ServiceMetrics
+
+    exported = _exported_names(ServiceMetrics().registry)
+    agent = Agent([], job="job-1", node="node-1", labels={})
+    agent.collect_once(time.time())  # some series exist only after a collection
+    exporter = AgentExporter(agent)
+    exporter.set_sender(SenderCounters)
+    exported |= _exported_names(exporter.registry)
+    used = {m for rule in _rules() for m in re.findall(r"\b(minder_[a-z0-9_]+)", rule["expr"])}
+    assert used - exported == set(), f"used by the rules, exported by nobody: {used - exported}"

@@ -180,8 +180,8 @@ def test_agent_unit() -> None:
 def test_serve_unit() -> None:
     service = unit("minder-serve.service")["Service"]
     assert one(service, "ExecStart") == f"{BINARY} serve"
-    # `minder serve` stops cleanly on SIGINT (KeyboardInterrupt).
-    assert one(service, "KillSignal") == "SIGINT"
+    # `minder serve` stops cleanly on SIGTERM (tests/minder/cli/test_cli_serve.py).
+    assert one(service, "KillSignal") == "SIGTERM"
     assert service["EnvironmentFile"] == ["/etc/minder/minder-serve.env"]
 
 

@@ -23,8 +23,20 @@ from minder.storage import (
 from minder.storage.migrate import alembic_config
 from minder.storage.models import Base
 
-TABLES = {"alembic_version", "jobs", "machines", "machine_scores", "alerts", "whatif_reports"}
-HEAD = frozenset({"0002"})
+TABLES = {
+    "alembic_version",
+    "jobs",
+    "machines",
+    "machine_scores",
+    "alerts",
+    "whatif_reports",
+    "outbox",
+    "action_audit",
+    "breakers",
+    "job_settings",
+}
+HEAD = frozenset({"0003"})
+NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -134,7 +146,28 @@ def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
         command.downgrade(config, "0001")
     assert current_revisions(empty_engine) == frozenset({"0001"})
     tables = set(inspect(empty_engine).get_table_names())
-    assert "whatif_reports" not in tables
-    assert TABLES - {"whatif_reports"} <= tables
+    assert not tables & {"whatif_reports", *NEW_IN_0003}
+    assert TABLES - {"whatif_reports", *NEW_IN_0003} <= tables
+    with sessions() as session:
+        assert [a.id for a in list_alerts(session)[0]] == [alert.id]
+
+
+def test_outbox_migration_downgrades_to_0002_keeping_alerts(empty_engine: Engine) -> None:
+    upgrade_database(empty_engine)
+    sessions = session_factory(empty_engine)
+    alert = Alert(
+        job="j", machine="m", kind=AlertKind.RULE, metric="gpu_xid_count", score=1.0,
+        first_ts=1.0, detected_ts=1.0,
+    )  # fmt: skip
+    with sessions.begin() as session:
+        record_alert(session, alert)
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0002")
+    tables = set(inspect(empty_engine).get_table_names())
+    assert not tables & NEW_IN_0003 and "whatif_reports" in tables
+    upgrade_database(empty_engine)
+    assert NEW_IN_0003 <= set(inspect(empty_engine).get_table_names())
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
