@@ -1,0 +1,96 @@
+"""Which alerts act on the scheduler, how, and within which bounds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from minder.core.alert import Alert
+from minder.core.errors import ValidationError
+
+DEFAULT_ACT_ON: Mapping[str, float] = {"rule": 0.0, "silence": 60.0, "similarity": 120.0}
+"""Alert kind → seconds the alert must have held (stayed open) before Minder acts. Kinds left out
+(``straggler`` by default) only notify. Rules (XID, ECC, GPU lost, link down) act at once; a
+silent machine and a lasting outlier first get a chance to come back or be dismissed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPolicy:
+    """The operator's rules for acting.
+
+    Attributes
+    ----------
+    enforce
+        False (the default): log-only, every decision is audited as ``dry_run`` and nothing is
+        changed on the scheduler. True: act.
+    act_on
+        See :data:`DEFAULT_ACT_ON`.
+    opt_out_jobs
+        Jobs never acted on (also settable per job through the API).
+    max_per_job
+        The breaker trips when acting would take more than this many machines of one job out
+        within ``window_s``.
+    max_fraction
+        … or more than this fraction of all watched machines (at least ``min_fleet_bound``).
+    window_s
+        The breaker's sliding window.
+    node_template
+        The scheduler's node name of a machine: ``{machine}`` by default (agents report the
+        hostname, which is the Slurm node name and the Kubernetes node name).
+    """
+
+    enforce: bool = False
+    act_on: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ACT_ON))
+    opt_out_jobs: frozenset[str] = frozenset()
+    max_per_job: int = 4
+    max_fraction: float = 0.02
+    min_fleet_bound: int = 1
+    window_s: float = 3600.0
+    node_template: str = "{machine}"
+
+    def __post_init__(self) -> None:
+        for kind, hold in self.act_on.items():
+            if kind not in {"rule", "similarity", "straggler", "silence"}:
+                raise ValidationError(
+                    f"act_on kind {kind[:40]!r}: expected rule, similarity, straggler or silence"
+                )
+            if not (isinstance(hold, int | float) and math.isfinite(hold) and hold >= 0):
+                raise ValidationError(f"act_on[{kind}] = {hold!r}: expected seconds >= 0")
+        if self.max_per_job < 1:
+            raise ValidationError(f"max_per_job is {self.max_per_job}: expected >= 1")
+        if not 0 < self.max_fraction <= 1:
+            raise ValidationError(f"max_fraction is {self.max_fraction}: expected in (0, 1]")
+        if self.window_s <= 0:
+            raise ValidationError(f"window_s is {self.window_s}: expected > 0")
+        if "{machine}" not in self.node_template:
+            raise ValidationError(
+                f"node_template {self.node_template[:60]!r}: expected it to contain '{{machine}}'"
+            )
+
+    @property
+    def mode(self) -> str:
+        """``enforce`` or ``dry_run``, as audited."""
+        return "enforce" if self.enforce else "dry_run"
+
+    def why_not(self, alert: Alert) -> str | None:
+        """Why this alert does not act (None when it does, subject to the breaker)."""
+        if alert.kind.value not in self.act_on:
+            acting = sorted(self.act_on) or ["none"]
+            return f"{alert.kind.value} alerts only notify (acting kinds: {', '.join(acting)})"
+        if alert.domain and alert.machine == alert.domain:
+            return (
+                f"domain alert on {alert.domain}: a shared switch or rack is not drained "
+                "machine by machine"
+            )
+        if alert.job in self.opt_out_jobs:
+            return f"job {alert.job} opted out of actions (settings)"
+        return None
+
+    def node_of(self, machine: str) -> str:
+        """The scheduler's name of ``machine``."""
+        return self.node_template.format(machine=machine)
+
+    def fleet_bound(self, watched_machines: int) -> int:
+        """Most machines the fleet-wide bound allows in one window."""
+        return max(self.min_fleet_bound, math.floor(self.max_fraction * watched_machines))

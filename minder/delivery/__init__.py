@@ -1,0 +1,1 @@
+"""Delivery of alert events: outbox workers, Kafka, signed webhooks, Alertmanager."""

@@ -1,0 +1,337 @@
+"""Delivery workers: one thread per destination sends its outbox rows, with backoff and jitter.
+
+Each destination has its own worker, so a receiver that is slow, hangs or is down delays only its
+own rows. A worker claims due rows (:func:`minder.storage.outbox.claim_due`), hands each to its
+:class:`Sender`, and marks it delivered, retried later (exponential backoff with full jitter,
+``min(cap, base * 2**attempt)``), or expired (a permanent refusal, or past its time to live).
+Rows live in the database, so a restart resumes where the last process stopped, and the next
+attempt's time survives it too (this is why the backoff is computed here rather than by an
+in-process retry loop such as tenacity's).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from minder.core.errors import MinderError
+from minder.storage import SessionFactory
+from minder.storage.outbox import (
+    Delivery,
+    DeliveryStatus,
+    backlog,
+    claim_due,
+    mark_delivered,
+    mark_failed,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_LOGGED_CHARS = 300
+"""Longest untrusted text (a receiver's answer) put in a log line."""
+
+
+class DeliveryError(MinderError):
+    """A destination did not take a delivery.
+
+    Parameters
+    ----------
+    message
+        What failed (the destination's answer truncated).
+    transient
+        True when a later attempt may succeed (timeouts, connection errors, 5xx, 429); False for
+        a permanent refusal (4xx): the row expires at once.
+    status
+        The HTTP status, when there was one.
+    retry_after_s
+        The destination's own ``Retry-After``, honoured as the earliest next attempt.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+class Deferred(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a sender that must not act yet (a hold): try again at ``until``, no attempt."""
+
+    def __init__(self, until: float, why: str) -> None:
+        super().__init__(why)
+        self.until = until
+        self.why = why
+
+
+class Sender(Protocol):
+    """Delivers one outbox row to one destination."""
+
+    destination: str
+
+    def send(self, delivery: Delivery) -> None:
+        """Deliver, or raise :class:`DeliveryError` / :class:`Deferred`."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with full jitter: attempt ``n`` waits ``U(0, min(cap, base*2**n))``,
+    at least ``floor_s``."""
+
+    base_s: float = 1.0
+    cap_s: float = 60.0
+    floor_s: float = 0.2
+
+    def delay(self, attempts: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after the ``attempts``-th failure (1 = the first)."""
+        ceiling = min(self.cap_s, self.base_s * 2 ** min(attempts, 30))
+        return max(self.floor_s, ceiling * rng())
+
+
+class DeliveryMetrics:
+    """Outbox metrics: deliveries by destination and outcome, the backlog per destination."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.deliveries = Counter(
+            "minder_outbox_deliveries",
+            "Outbox delivery attempts by destination and outcome (delivered, retry, expired, held)",
+            ["destination", "outcome"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "minder_outbox_pending",
+            "Outbox rows not delivered yet, per destination",
+            ["destination"],
+            registry=registry,
+        )
+        self.oldest_pending = Gauge(
+            "minder_outbox_oldest_pending_age_seconds",
+            "Age of the oldest undelivered row, per destination (0 when none)",
+            ["destination"],
+            registry=registry,
+        )
+        self.expired = Gauge(
+            "minder_outbox_expired",
+            "Outbox rows given up (permanently refused or past their time to live)",
+            ["destination"],
+            registry=registry,
+        )
+
+    def init(self, destinations: Sequence[str]) -> None:
+        """Export every destination from the start (at 0)."""
+        for name in destinations:
+            for outcome in ("delivered", "retry", "expired", "held"):
+                self.deliveries.labels(name, outcome)
+            self.pending.labels(name).set(0)
+            self.oldest_pending.labels(name).set(0)
+            self.expired.labels(name).set(0)
+
+
+class DeliveryWorker:
+    """Sends the outbox rows of one destination from a background thread."""
+
+    def __init__(
+        self,
+        sender: Sender,
+        sessions: SessionFactory,
+        *,
+        metrics: DeliveryMetrics | None = None,
+        backoff: Backoff | None = None,
+        batch: int = 50,
+        lease_s: float = 120.0,
+        idle_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sender = sender
+        self.destination = sender.destination
+        self.sessions = sessions
+        self.metrics = metrics
+        self.backoff = backoff or Backoff()
+        self.batch = batch
+        self.lease_s = lease_s
+        self.idle_s = idle_s
+        self.clock = clock
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        """Look for due rows now instead of after the idle wait (new rows were written)."""
+        self._wake.set()
+
+    def run_once(self) -> int:
+        """Claim and send the due rows once; returns how many were handled."""
+        now = self.clock()
+        with self.sessions.begin() as session:
+            due = claim_due(
+                session, self.destination, now=now, limit=self.batch, lease_s=self.lease_s
+            )
+        for delivery in due:
+            if self._stop.is_set():
+                break  # the leases run out and the next process takes the rows
+            self._send(delivery)
+        return len(due)
+
+    def _send(self, delivery: Delivery) -> None:
+        outcome = "delivered"
+        try:
+            self.sender.send(delivery)
+        except Deferred as deferred:
+            outcome = "held"
+            self._fail(delivery, deferred.why, deferred.until, count_attempt=False)
+        except DeliveryError as exc:
+            retry_at = None
+            if exc.transient:
+                retry_at = self.clock() + max(
+                    self.backoff.delay(delivery.attempts + 1), exc.retry_after_s or 0.0
+                )
+            status = self._fail(delivery, str(exc), retry_at)
+            outcome = "retry" if status is DeliveryStatus.PENDING else "expired"
+            log = logger.info if outcome == "retry" else logger.error
+            log(
+                "%s: delivery %s (%s, alert %s) attempt %d failed: %s%s",
+                self.destination,
+                delivery.delivery_id,
+                delivery.event,
+                delivery.alert_id,
+                delivery.attempts + 1,
+                str(exc)[:MAX_LOGGED_CHARS],
+                "; retried later" if outcome == "retry" else "; given up",
+            )
+        except Exception as exc:
+            # A bug in a sender must not lose the row: retried like a transient failure.
+            logger.exception("%s: sender raised on delivery %s", self.destination,
+                             delivery.delivery_id)  # fmt: skip
+            retry_at = self.clock() + self.backoff.delay(delivery.attempts + 1)
+            status = self._fail(delivery, f"internal error: {exc!r}", retry_at)
+            outcome = "retry" if status is DeliveryStatus.PENDING else "expired"
+        else:
+            with self.sessions.begin() as session:
+                mark_delivered(session, delivery.id, now=self.clock())
+        if self.metrics is not None:
+            self.metrics.deliveries.labels(self.destination, outcome).inc()
+
+    def _fail(
+        self, delivery: Delivery, error: str, retry_at: float | None, *, count_attempt: bool = True
+    ) -> DeliveryStatus:
+        with self.sessions.begin() as session:
+            return mark_failed(
+                session,
+                delivery.id,
+                error=error,
+                retry_at=retry_at,
+                now=self.clock(),
+                count_attempt=count_attempt,
+            )
+
+    def _run(self) -> None:
+        logger.info("delivery worker for %s started", self.destination)
+        while not self._stop.is_set():
+            try:
+                handled = self.run_once()
+            except Exception as exc:
+                # The database may be down: its rows wait there, and so does this worker.
+                logger.warning("%s: cannot read the outbox (%s); retrying", self.destination,
+                               str(exc).splitlines()[0][:MAX_LOGGED_CHARS])  # fmt: skip
+                handled = 0
+                self._stop.wait(2.0)
+            if handled == 0:
+                self._wake.wait(self.idle_s)
+                self._wake.clear()
+        logger.info("delivery worker for %s stopped", self.destination)
+
+    def start(self) -> None:
+        """Run until :meth:`stop`."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"minder-deliver-{self.destination}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the row being sent; close the sender."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.sender.close()
+
+
+class DeliveryHub:
+    """The workers of every destination, plus the backlog gauges."""
+
+    def __init__(
+        self,
+        workers: Sequence[DeliveryWorker],
+        sessions: SessionFactory,
+        metrics: DeliveryMetrics | None = None,
+        *,
+        gauge_every_s: float = 5.0,
+    ) -> None:
+        self.workers = list(workers)
+        self.sessions = sessions
+        self.metrics = metrics
+        self.gauge_every_s = gauge_every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if metrics is not None:
+            metrics.init([w.destination for w in self.workers])
+
+    def wake(self) -> None:
+        """New rows were written: every worker looks now."""
+        for worker in self.workers:
+            worker.wake()
+
+    def refresh_gauges(self) -> None:
+        """Pending, oldest pending age and expired rows per destination, from the database."""
+        if self.metrics is None:
+            return
+        names = [w.destination for w in self.workers]
+        with self.sessions() as session:
+            found = backlog(session, names)
+        now = time.time()
+        for name in names:
+            state = found[name]
+            self.metrics.pending.labels(name).set(state.pending)
+            oldest = state.oldest_pending_created_at
+            self.metrics.oldest_pending.labels(name).set(0 if oldest is None else now - oldest)
+            self.metrics.expired.labels(name).set(state.expired)
+
+    def _gauges(self) -> None:
+        while not self._stop.wait(self.gauge_every_s):
+            try:
+                self.refresh_gauges()
+            except Exception as exc:
+                logger.debug("outbox gauges not refreshed: %s", exc)
+
+    def start(self) -> None:
+        """Start every worker and the gauge thread."""
+        for worker in self.workers:
+            worker.start()
+        self._thread = threading.Thread(target=self._gauges, name="minder-outbox", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop every worker (each finishes the row it is sending)."""
+        self._stop.set()
+        for worker in self.workers:
+            worker.stop()
+        if self._thread is not None:
+            self._thread.join(5)
