@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Self, get_origin
+from typing import Any, Literal, Self, get_origin
 
 from pydantic import BaseModel, Field
 from pydantic import ValidationError as PydanticValidationError
@@ -61,6 +61,11 @@ class ApiSettings(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
     token: str | None = Field(
         None, description="bearer token required by mutating endpoints (PATCH); none = open"
+    )
+    external_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="how operators reach this API (links in Alertmanager and webhooks)",
     )
 
 
@@ -121,11 +126,85 @@ class WhatIfSettings(BaseModel):
     workers: int = Field(1, ge=1, le=4)
 
 
-class WebhookSettings(BaseModel):
-    """Alert webhooks to the scheduler."""
+class WebhookEndpoint(BaseModel):
+    """One webhook receiver, signed per the Standard Webhooks specification."""
 
-    urls: list[str] = Field(default_factory=list)
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="destination webhook:<name>"
+    )
+    url: str = Field(pattern=r"^https?://", description="where events are POSTed")
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="signing secrets 'whsec_<base64>', newest first; several while rotating",
+    )
+    events: list[str] = Field(
+        default_factory=lambda: [
+            "alert.opened",
+            "alert.acknowledged",
+            "alert.resolved",
+            "alert.false_positive",
+            "breaker.tripped",
+            "breaker.reset",
+        ],
+        description="event types this endpoint receives",
+    )
+
+
+class WebhookSettings(BaseModel):
+    """Signed webhooks (docs/webhooks.md)."""
+
+    endpoints: list[WebhookEndpoint] = Field(default_factory=list)
+    urls: list[str] = Field(
+        default_factory=list,
+        description="receivers without a secret (unsigned; prefer endpoints), named url1, url2…",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="one attempt's connect/read/write timeout")
+
+    def all_endpoints(self) -> list[WebhookEndpoint]:
+        """``endpoints``, then ``urls`` as unsigned endpoints."""
+        extra = [WebhookEndpoint(name=f"url{i + 1}", url=url) for i, url in enumerate(self.urls)]
+        return [*self.endpoints, *extra]
+
+
+class AlertmanagerSettings(BaseModel):
+    """Alertmanager v2 (alerts pushed, re-sent while open, ended on resolve)."""
+
+    url: str | None = Field(
+        None, pattern=r"^https?://", description="e.g. http://alertmanager:9093"
+    )
+    refresh_s: float = Field(60.0, ge=5, description="how often open alerts are re-sent")
     timeout_s: float = Field(5.0, gt=0)
+    bearer_token: str | None = None
+
+
+class DeliverySettings(BaseModel):
+    """The outbox: how long and how often deliveries are retried."""
+
+    ttl_s: float = Field(24 * 3600.0, gt=0, description="a delivery is retried this long")
+    backoff_base_s: float = Field(1.0, gt=0)
+    backoff_cap_s: float = Field(60.0, gt=0, description="longest wait between two attempts")
+
+
+class ActionSettings(BaseModel):
+    """Scheduler actions (drain, cordon): log-only until ``enforce`` is true."""
+
+    target: Literal["none", "slurm", "kubernetes"] = "none"
+    enforce: bool = Field(False, description="false: audit what would be done, change nothing")
+    act_on: dict[str, float] = Field(
+        default_factory=lambda: {"rule": 0.0, "silence": 60.0, "similarity": 120.0},
+        description="alert kind -> seconds it must stay open before acting; others notify only",
+    )
+    opt_out_jobs: list[str] = Field(default_factory=list)
+    max_per_job: int = Field(4, ge=1, description="breaker: machines of one job per window")
+    max_fraction: float = Field(0.02, gt=0, le=1, description="breaker: share of the fleet")
+    window_s: float = Field(3600.0, gt=0, description="breaker: sliding window")
+    node_template: str = Field("{machine}", description="scheduler node name of a machine")
+    scontrol: str = Field("scontrol", description="Slurm: the scontrol program")
+    slurm_conf: Path | None = Field(None, description="Slurm: SLURM_CONF for scontrol")
+    kubeconfig: str | None = Field(
+        None, description="Kubernetes: kubeconfig path (else in-cluster)"
+    )
+    kube_context: str | None = None
 
 
 class Settings(BaseSettings):
@@ -140,6 +219,9 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    actions: ActionSettings = Field(default_factory=ActionSettings)
     whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
     log_level: str = "INFO"
 

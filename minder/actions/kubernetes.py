@@ -1,11 +1,11 @@
 """Take a faulty node out of Kubernetes scheduling, NVSentinel-style: cordon, taint, condition.
 
-``apply`` does three things to the Node, and records what it changed so that ``undo`` returns
+``apply`` changes the Node in four ways, and records what it changed so that ``undo`` returns
 exactly that:
 
 - **cordon**: ``spec.unschedulable: true``, as ``kubectl cordon`` does;
-- **taint**: ``minder.io/fault=<alert id>:NoSchedule``. ``NoSchedule`` keeps new pods off and
-  leaves running pods alone;
+- **taint**: ``minder.io/fault=<alert id>:NoSchedule`` (the id made a valid label value).
+  ``NoSchedule`` keeps new pods off and leaves running pods alone;
 - **condition**: ``MinderFault=True`` with reason ``MinderAlert`` and the message
   ``minder:<alert id> <reason>``, written through the ``nodes/status`` subresource, so that
   ``kubectl describe node`` says why;
@@ -16,6 +16,9 @@ exactly that:
 taints stay, even ones with the same effect), uncordons only when ``minder.io/cordoned`` says
 Minder cordoned the node (a node that an operator cordoned stays cordoned), sets the condition to
 ``False`` with reason ``MinderAlertEnded`` instead of deleting it, and removes the annotations.
+Both are idempotent: a second call finds nothing to do and reports ``changed=False``. A node that
+Minder already took out for another alert is left as it is by ``apply``: the mark, and so the
+``undo``, stay with the first alert.
 
 Draining is not done here. Nothing is evicted, and there is no ``NoExecute`` taint: taking the
 workload off the node is left to the operator's remediation, as NVSentinel leaves it to its
@@ -242,7 +245,7 @@ class KubernetesActuator:
         owner = annotations.get(ANNOTATION_ALERT)
         if owner is not None and owner != alert_id:
             return (
-                f"node {node} is already out for {mark_for(owner)}; left as it is "
+                f"node {node} is already out for {mark_for(_one_line(owner, 64))}; left as it is "
                 f"(the mark stays with that alert)"
             )
         spec = current.get("spec") or {}
@@ -422,8 +425,9 @@ class KubernetesActuator:
     ) -> dict[str, Any]:
         """Run one request; its JSON answer, or :class:`_ConflictError`, or :class:`ActionError`."""
         what = f"{verb} {resource} {node}"
+        response: Any = None
         try:
-            response: Any = request()
+            response = request()
             data = response.data
         except ApiException as exc:
             raise _api_error(node, verb, resource, exc) from exc
@@ -433,6 +437,10 @@ class KubernetesActuator:
                 f"({_one_line(f'{type(exc).__name__}: {exc}')})",
                 transient=True,
             ) from exc
+        finally:
+            release = getattr(response, "release_conn", None)
+            if callable(release):
+                release()  # back to the pool for the next request
         try:
             answer = json.loads(data)
         except ValueError as exc:

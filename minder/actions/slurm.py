@@ -51,6 +51,8 @@ expands to several nodes must never reach ``scontrol update``."""
 
 _ALERT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
+_FREE_TEXT_FIELDS = ("OS=", "Reason=", "Comment=", "Extra=")
+"""Fields whose values are free text, in which a ``State=`` means nothing."""
 _REASON_STAMP = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")
 """What ``scontrol`` appends to a reason's first line: `` [user@2024-05-01T10:00:00]``."""
 _STATE_SUFFIXES = "*~#!%$@^-"
@@ -146,6 +148,7 @@ def parse_show_node(output: str, node: str) -> NodeState:
         if first.split(" ", 1)[0].strip() != f"NodeName={node}":
             continue
         state: str | None = None
+        fallback: str | None = None
         reason_lines: list[str] = []
         in_reason = False
         for line in lines:
@@ -158,8 +161,15 @@ def parse_show_node(output: str, node: str) -> NodeState:
                 reason_lines.append(stripped)  # continuation of a multi-line reason
                 continue
             in_reason = False
-            if state is None and (match := _STATE.search(line)):
-                state = match.group(1)
+            if stripped.startswith("State="):  # its own line since Slurm 2.x
+                state = stripped.split(None, 1)[0].removeprefix("State=")
+            elif (
+                fallback is None
+                and not stripped.startswith(_FREE_TEXT_FIELDS)
+                and (match := _STATE.search(line))
+            ):
+                fallback = match.group(1)  # --oneliner style output
+        state = state or fallback
         if state is None:
             raise ValueError(f"no State= in the record of node {node!r}")
         return NodeState(parse_state_flags(state), " ".join(reason_lines).strip())

@@ -14,11 +14,12 @@ from starlette.concurrency import run_in_threadpool
 from minder import __version__
 from minder.api.deps import ApiContext, WhatIfContext
 from minder.api.errors import install_error_handlers
-from minder.api.routes import alerts, health, jobs, metrics, whatif
+from minder.api.routes import actions, alerts, deliveries, health, jobs, metrics, whatif
 from minder.api.whatif_inputs import ScratchSpace
 from minder.api.whatif_runner import WhatIfMetrics, WhatIfRunner
 from minder.core.errors import ValidationError
 from minder.storage import SessionFactory
+from minder.storage.outbox import Destination
 
 API_PREFIX = "/api/v1"
 
@@ -41,6 +42,8 @@ def create_app(
     whatif_workers: int = 1,
     title: str = "Minder",
     version: str = __version__,
+    destinations: Sequence[Destination] = (),
+    on_enqueued: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The HTTP API of Minder, under ``/api/v1``, plus ``/metrics``.
 
@@ -67,6 +70,10 @@ def create_app(
     whatif_workers
         What-if analyses run at once (1..4), on threads of the app's own pool, started with the
         app and stopped at its shutdown (queued analyses are then stored as failed).
+    destinations
+        Where alert status changes go (the outbox destinations of the service).
+    on_enqueued
+        Called after a request wrote outbox rows (wakes the delivery workers).
 
     Raises
     ------
@@ -109,12 +116,22 @@ def create_app(
         whatif=WhatIfContext(
             runner=runner, roots=roots, scratch=scratch, max_upload_bytes=max_upload_bytes
         ),
+        destinations=tuple(destinations),
+        on_enqueued=on_enqueued,
     )
     # submissions work even when the server runs the app without its lifespan
     runner.start()
     install_error_handlers(app)
     v1 = APIRouter(prefix=API_PREFIX)
-    for router in (health.router, jobs.router, alerts.router, whatif.router, metrics.router):
+    for router in (
+        health.router,
+        jobs.router,
+        alerts.router,
+        deliveries.router,
+        actions.router,
+        whatif.router,
+        metrics.router,
+    ):
         v1.include_router(router)
     app.include_router(v1)
     # Prometheus scrapes /metrics, and probes ask /health and /ready, by convention; the

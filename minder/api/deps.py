@@ -16,6 +16,7 @@ from minder.api.whatif_inputs import ScratchSpace
 from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
 from minder.storage.engine import read_only
+from minder.storage.outbox import Destination
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,13 @@ class ApiContext:
     api_token: str | None
     version: str
     whatif: WhatIfContext
+    destinations: tuple[Destination, ...] = ()
+    on_enqueued: Callable[[], None] | None = None
+
+    def enqueued(self) -> None:
+        """Outbox rows were committed: wake the delivery workers."""
+        if self.on_enqueued is not None:
+            self.on_enqueued()
 
 
 def get_context(request: Request) -> ApiContext:

@@ -189,6 +189,96 @@ class AlertStatusChange(BaseModel):
     """The new status of an alert."""
 
     status: AlertStatus
+    by: str | None = Field(
+        None, max_length=255, description="who decided (kept with the event, e.g. a user name)"
+    )
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeliveryOut(BaseModel):
+    """One outbox row: an event on its way to one destination."""
+
+    id: int
+    delivery_id: str = Field(description="stable across attempts: receivers de-duplicate on it")
+    destination: str
+    event: str
+    alert_id: str | None
+    job: str | None
+    status: str = Field(description="pending, delivered or expired")
+    attempts: int
+    created_at: float
+    next_attempt_at: float
+    expires_at: float
+    delivered_at: float | None
+    last_error: str | None
+
+
+class DeliveryPage(BaseModel):
+    """A page of deliveries, newest first."""
+
+    items: list[DeliveryOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class AuditOut(BaseModel):
+    """One scheduler action decision (applied, unchanged, dry_run, failed, skipped_*)."""
+
+    id: int
+    created_at: float
+    alert_id: str | None
+    job: str | None
+    machine: str | None
+    node: str | None
+    target: str
+    operation: str
+    mode: str = Field(description="enforce or dry_run")
+    outcome: str
+    detail: str
+    delivery_id: str | None
+
+
+class AuditPage(BaseModel):
+    """A page of the action audit trail, newest first."""
+
+    items: list[AuditOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class BreakerOut(BaseModel):
+    """The actions circuit breaker."""
+
+    name: str
+    tripped: bool
+    tripped_at: float | None
+    reason: str | None
+    reset_at: float | None
+    reset_by: str | None
+
+
+class BreakerReset(BaseModel):
+    """Who resets the breaker (kept in its state and the audit of the reset)."""
+
+    by: str = Field(min_length=1, max_length=255)
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobSettingsOut(BaseModel):
+    """Operator settings of one job."""
+
+    job: str
+    actions_enabled: bool
+
+
+class JobSettingsChange(BaseModel):
+    """Opt a job in or out of scheduler actions."""
+
+    actions_enabled: bool
+    by: str | None = Field(None, max_length=255)
+    model_config = ConfigDict(extra="forbid")
 
 
 class WhatIfLinks(BaseModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -186,13 +187,14 @@ class GrafanaTarget:
 def parse_grafana_url(url: str) -> GrafanaTarget:
     """Split ``http(s)://[user:password@]host[:port][/path]``; raise ``ValueError`` otherwise."""
     expected = "expected http(s)://host[:port][/path]"
+    shown = re.sub(r"//[^/@]*@", "//***@", url)  # never echo a password
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"--grafana-url {url!r}: {exc}; {expected}") from None
+        raise ValueError(f"--grafana-url {shown!r}: {exc}; {expected}") from None
     if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ValueError(f"--grafana-url {url!r}: {expected}")
+        raise ValueError(f"--grafana-url {shown!r}: {expected}")
     host = parts.hostname
     if ":" in host:  # an IPv6 literal goes back into brackets in the client's URL
         host = f"[{host}]"
@@ -325,15 +327,19 @@ def _one_line(text: object) -> str:
 
 
 def _connection_reason(exc: BaseException) -> str:
-    """The useful end of a connection error (``Connection refused``, ``Name or service …``)."""
-    text = _one_line(exc)
-    match = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    """The root cause of a transport error, short (``Connection refused``, a DNS failure …)."""
+    deepest, seen = exc, {id(exc)}
+    while (cause := deepest.__cause__ or deepest.__context__) is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        deepest = cause
+    if isinstance(deepest, socket.gaierror):
+        return f"cannot resolve the host name ({_one_line(deepest)})"
+    if isinstance(deepest, OSError) and deepest.strerror:
+        return str(deepest.strerror)
+    match = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", _one_line(exc))
     if match:
         return match.group(1).strip().rstrip(".")
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and cause is not exc and str(cause):
-        return _connection_reason(cause) if str(cause) != str(exc) else text[:200]
-    return text[:200] or type(exc).__name__
+    return f"{type(deepest).__name__}: {_one_line(deepest)[:160]}"
 
 
 def explain(exc: BaseException, target: GrafanaTarget, timeout: float) -> str:
@@ -351,7 +357,11 @@ def explain(exc: BaseException, target: GrafanaTarget, timeout: float) -> str:
     if isinstance(exc, GrafanaTimeoutError):
         return f"no answer from {where} within {timeout:g} s"
     status = _status(exc)
-    message = _one_line(getattr(exc, "message", "") or exc)
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("message"):
+        message = _one_line(response["message"])  # Grafana's own words
+    else:
+        message = _one_line(getattr(exc, "message", "") or exc)[:300]
     if isinstance(exc, GrafanaClientError) and status == 401:
         return (
             f"{where} refused the credentials (401 Unauthorized): check --token (GRAFANA_TOKEN) "
@@ -397,7 +407,7 @@ def push_command(
         typer.Option(
             "--grafana-url",
             envvar="GRAFANA_URL",
-            help="Grafana's base URL, e.g. http://grafana:3000 (or GRAFANA_URL)",
+            help="Grafana's base URL, e.g. http://grafana:3000",
             show_default=False,
         ),
     ],
@@ -406,7 +416,7 @@ def push_command(
         typer.Option(
             "--token",
             envvar="GRAFANA_TOKEN",
-            help="service account token (or GRAFANA_TOKEN)",
+            help="service account token",
             show_default=False,
         ),
     ] = None,

@@ -567,3 +567,95 @@ def _error_text(response: httpx.Response) -> str:
 
 def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+# -- the outbox sender ------------------------------------------------------------------------
+
+BREAKER_ALERTNAME: Final = "MinderActionsBreakerTripped"
+
+
+class AlertmanagerSender:
+    """Sends outbox events to Alertmanager, and keeps open alerts alive there.
+
+    ``alert.opened`` pushes the alert (valid for :data:`DEFAULT_VALID_FOR_S`), the end of an
+    alert (resolved, false positive) pushes it with ``endsAt``; :meth:`refresh` re-sends every open
+    alert (call it every ``refresh_s``), so Alertmanager keeps them while Minder does and ends them
+    by itself if Minder stops. A tripped actions breaker is an alert of its own.
+    """
+
+    destination = "alertmanager"
+    events: Final = frozenset(
+        {"alert.opened", "alert.resolved", "alert.false_positive", "breaker.tripped",
+         "breaker.reset"}
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        client: AlertmanagerClient,
+        *,
+        external_url: str | None = None,
+        extra_labels: Mapping[str, str] = _NO_LABELS,
+    ) -> None:
+        self.client = client
+        self.external_url = external_url
+        self.extra_labels = dict(extra_labels)
+
+    def send(self, delivery: Any) -> None:
+        """Deliver one outbox row (:class:`minder.storage.outbox.Delivery`)."""
+        data = delivery.payload.get("data", {})
+        if delivery.event.startswith("breaker."):
+            self.client.push([self.breaker_payload(data, ended=delivery.event == "breaker.reset",
+                                                   at=delivery.created_at)])  # fmt: skip
+            return
+        alert = Alert.from_dict(data["alert"])
+        if delivery.event == "alert.opened":
+            payload = still_open_payload(alert, self.external_url, extra_labels=self.extra_labels)
+        else:
+            payload = to_alertmanager(
+                alert,
+                ended_at=delivery.created_at,
+                external_url=self.external_url,
+                extra_labels=self.extra_labels,
+            )
+        self.client.push([payload])
+
+    def refresh(self, open_alerts: Sequence[Alert], breaker_reason: str | None = None,
+                breaker_since: float | None = None) -> None:  # fmt: skip
+        """Re-send every open alert (and a tripped breaker) so Alertmanager keeps them."""
+        payloads = [
+            still_open_payload(alert, self.external_url, extra_labels=self.extra_labels)
+            for alert in open_alerts
+        ]
+        if breaker_reason is not None:
+            payloads.append(
+                self.breaker_payload(
+                    {"reason": breaker_reason}, ended=False, at=breaker_since or time.time()
+                )
+            )
+        for start in range(0, len(payloads), 500):
+            self.client.push(payloads[start : start + 500])
+
+    def breaker_payload(self, data: Mapping[str, Any], *, ended: bool, at: float) -> dict[str, Any]:
+        """The breaker as an Alertmanager alert."""
+        reason = _truncate(str(data.get("reason", "")), 500)
+        alert: dict[str, Any] = {
+            "labels": {
+                **self.extra_labels,
+                "alertname": BREAKER_ALERTNAME,
+                "severity": "critical",
+                "breaker": str(data.get("breaker", "actions")),
+            },
+            "annotations": {
+                "summary": "Minder stopped acting on the scheduler: its circuit breaker tripped",
+                "description": f"{reason} Reset it with `minder breaker reset` once checked.",
+            },
+            "startsAt": rfc3339(at),
+        }
+        if ended:
+            alert["endsAt"] = rfc3339(time.time())
+        else:
+            alert["endsAt"] = rfc3339(time.time() + DEFAULT_VALID_FOR_S)
+        return alert
+
+    def close(self) -> None:
+        self.client.close()

@@ -51,6 +51,10 @@ class StateStore(Protocol):
         """Alerts not yet resolved, per ``(job, kind)``."""
         ...
 
+    def open_alert_keys(self, job: str | None = None) -> set[tuple[str, str, str]]:
+        """``(job, machine, kind)`` of the alerts not yet resolved (of ``job``, or all)."""
+        ...
+
 
 @dataclass(slots=True)
 class MachineSnapshot:
@@ -140,6 +144,10 @@ class DetectionService:
         self.open_alerts_every_s = float(persist_every_s)
         self._open_alerts_at = -math.inf
         self._open_alert_keys: set[tuple[str, str]] = set()
+        # job -> machine -> kinds of its alerts not yet resolved: loaded from the store when a
+        # worker takes a job over (restart, rebalance), kept current as alerts are raised, and
+        # refreshed with the operators' resolutions, so one fault is never alerted twice.
+        self._open_by_machine: dict[str, dict[str, set[str]]] = {}
 
     # -- ingest -----------------------------------------------------------------------------
     def ingest(self, batches: Iterable[NodeBatch]) -> int:
@@ -170,6 +178,7 @@ class DetectionService:
                 detector = self.factory()
                 state = JobState(JobWindow(batch.job, detector.horizon_s), detector)
                 self.jobs[batch.job] = state
+                self._load_open_alerts(batch.job)
                 logger.info("new job %s", batch.job)
             before = state.window.stats.too_old
             state.window.add_batch(batch)
@@ -214,9 +223,16 @@ class DetectionService:
         self._open_alerts_at = now
         try:
             counts = self.store.open_alert_counts()
+            open_keys = self.store.open_alert_keys()
         except Exception as exc:
             logger.warning("cannot count open alerts: %s", exc)
             return
+        # Operators resolve alerts through the API: a resolved machine may be alerted again.
+        by_job: dict[str, dict[str, set[str]]] = {job: {} for job in self.jobs}
+        for job, machine, kind in open_keys:
+            if job in by_job:
+                by_job[job].setdefault(machine, set()).add(kind)
+        self._open_by_machine = by_job
         # Every live job shows every kind (0 when none), so "no open alert" is a value, not a gap.
         keys = set(counts) | {(job, kind.value) for job in self.jobs for kind in AlertKind}
         for job, kind in keys:
@@ -263,7 +279,41 @@ class DetectionService:
                 self._persist(state, sec)
         return out
 
+    def _load_open_alerts(self, job: str) -> None:
+        """What the store knows is open for ``job``: no second alert for those machines."""
+        loader = getattr(self.store, "open_alert_keys", None)
+        if loader is None:
+            return
+        try:
+            keys = loader(job)
+        except Exception as exc:
+            logger.warning("cannot load the open alerts of job %s: %s", job, exc)
+            return
+        by_machine: dict[str, set[str]] = {}
+        for _, machine, kind in keys:
+            by_machine.setdefault(machine, set()).add(kind)
+        self._open_by_machine[job] = by_machine
+        if by_machine:
+            logger.info("job %s: %d machine(s) already alerted, not alerted again while open",
+                        job, len(by_machine))  # fmt: skip
+
+    def _already_alerted(self, alert: Alert) -> bool:
+        """The machine has an alert still open: this is the same episode, not a new fault.
+
+        A hard-fault rule is news even so when the open alerts are all soft (similarity,
+        silence, straggler): it confirms and explains them.
+        """
+        kinds = self._open_by_machine.get(alert.job, {}).get(alert.machine)
+        if not kinds:
+            return False
+        return not (alert.kind is AlertKind.RULE and AlertKind.RULE.value not in kinds)
+
     def _deliver(self, alert: Alert) -> Alert | None:
+        if self._already_alerted(alert):
+            self.metrics.alerts_suppressed.inc()
+            logger.debug("job %s machine %s: %s alert on %s suppressed (already alerted)",
+                         alert.job, alert.machine, alert.kind.value, alert.metric)  # fmt: skip
+            return None
         if self.store is not None:
             try:
                 alert, created = self.store.record_alert(alert)
@@ -281,6 +331,9 @@ class DetectionService:
             if not created:
                 return None
         self.metrics.alerts.labels(kind=alert.kind.value).inc()
+        self._open_by_machine.setdefault(alert.job, {}).setdefault(alert.machine, set()).add(
+            alert.kind.value
+        )
         self.alerts.append(alert)
         del self.alerts[: -self.max_kept]
         logger.info(
@@ -372,4 +425,5 @@ class DetectionService:
         state = self.jobs.pop(job)
         logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
         self.metrics.forget_job(job, [info.name for info in state.window.machines])
+        self._open_by_machine.pop(job, None)
         self._last_persist.pop(job, None)

@@ -18,14 +18,14 @@ from prometheus_client import CollectorRegistry
 from minder.api.app import create_app
 from minder.config import Settings
 from minder.core.errors import MinderError
-from minder.service.engine import AlertSink, DetectionService
+from minder.service.delivery import Delivery, build_delivery
+from minder.service.engine import DetectionService
 from minder.service.runner import DetectionWorker
-from minder.service.sinks import KafkaAlertSink, SqlStateStore, WebhookSink
+from minder.service.sinks import SqlStateStore
 from minder.service.telemetry import ServiceMetrics
 from minder.storage.engine import Engine, create_engine_for, session_factory
 from minder.storage.migrate import upgrade_database
 from minder.stream.consumer import BatchConsumer
-from minder.stream.producer import AlertPublisher
 from minder.stream.topics import check_reachable, ensure_topics
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,7 @@ class Stack:
     service: DetectionService
     worker: DetectionWorker
     app: Any
-    publisher: AlertPublisher
-    webhooks: WebhookSink | None = None
+    delivery: Delivery
     engine: Engine | None = None
     server: uvicorn.Server | None = None
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -51,7 +50,9 @@ class Stack:
         return f"http://{self.settings.api.host}:{self.settings.api.port}"
 
     def start(self, *, api: bool = True, wait_ready_s: float = 30.0) -> None:
-        """Start the worker and (optionally) the HTTP API; wait until the API answers."""
+        """Start the outbox workers, the detection worker and (optionally) the HTTP API; wait
+        until the API answers."""
+        self.delivery.start()
         self.worker.start()
         if not api:
             return
@@ -81,15 +82,21 @@ class Stack:
         for thread in self._threads:
             thread.join(10)
         self.worker.stop()
-        if self.webhooks is not None:
-            self.webhooks.close()
-        self.publisher.close()
+        self.delivery.stop()
         if self.engine is not None:
             self.engine.dispose()
 
 
-def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -> Stack:
-    """Connect storage and Kafka per ``settings`` and wire the service together."""
+def build_stack(
+    settings: Settings,
+    registry: CollectorRegistry | None = None,
+    *,
+    actuator: object | None = None,
+) -> Stack:
+    """Connect storage and Kafka per ``settings`` and wire the service together.
+
+    ``actuator`` replaces the configured scheduler target (tests).
+    """
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
     kafka = settings.kafka
@@ -107,30 +114,24 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
             kafka.deadletter_topic: 1,
         },
     )
-    publisher = AlertPublisher.from_settings(kafka)
-    sinks: list[AlertSink] = [KafkaAlertSink(publisher)]
-    webhooks = None
     try:
-        if settings.webhook.urls:
-            webhooks = WebhookSink(
-                settings.webhook.urls, timeout_s=settings.webhook.timeout_s, metrics=metrics
-            )
-            sinks.append(webhooks)
+        delivery = build_delivery(settings, sessions, metrics.registry, actuator=actuator)
+    except Exception:
+        engine.dispose()
+        raise
+    try:
         consumer = BatchConsumer.from_settings(kafka)
     except Exception:
         # Nothing is running yet but these: close them rather than leak threads and sockets.
-        if webhooks is not None:
-            webhooks.close(timeout_s=1.0)
-        publisher.close()
+        delivery.stop()
         engine.dispose()
         raise
-    metrics.init_sinks([sink.name for sink in sinks])
+    store = SqlStateStore(sessions, delivery.destinations, on_enqueued=delivery.hub.wake)
     service = DetectionService(
         factory,
         grace_s=settings.detection.grace_s,
         metrics=metrics,
-        sinks=sinks,
-        store=SqlStateStore(sessions),
+        store=store,
     )
     worker = DetectionWorker(consumer, service)
     app = create_app(
@@ -142,5 +143,7 @@ def build_stack(settings: Settings, registry: CollectorRegistry | None = None) -
         whatif_workdir=settings.whatif.workdir,
         max_upload_bytes=settings.whatif.max_upload_bytes,
         whatif_workers=settings.whatif.workers,
+        destinations=delivery.destinations,
+        on_enqueued=delivery.hub.wake,
     )
-    return Stack(settings, metrics, service, worker, app, publisher, webhooks, engine)
+    return Stack(settings, metrics, service, worker, app, delivery, engine)

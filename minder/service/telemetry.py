@@ -101,6 +101,11 @@ class ServiceMetrics:
         self.alerts = Counter(
             "minder_alerts_total", "Alerts raised (new faults)", ["kind"], registry=r
         )
+        self.alerts_suppressed = Counter(
+            "minder_alerts_suppressed",
+            "Alerts not raised because their machine already has an open alert (same episode)",
+            registry=r,
+        )
         self.open_alerts = Gauge(
             "minder_open_alerts",
             "Alerts open or acknowledged (not yet resolved), per job and kind",

@@ -354,6 +354,16 @@ def set_alert_status(session: Session, alert_id: str, status: AlertStatus | str)
     return _to_alert(row)
 
 
+def active_alert_keys(session: Session, job: str | None = None) -> set[tuple[str, str, str]]:
+    """``(job, machine, kind)`` of every open or acknowledged alert (of ``job``, or all)."""
+    query = select(AlertRow.job, AlertRow.machine, AlertRow.kind).where(
+        AlertRow.status.in_(ACTIVE_STATUSES)
+    )
+    if job is not None:
+        query = query.where(AlertRow.job == job)
+    return {(j, m, str(k)) for j, m, k in session.execute(query.distinct())}
+
+
 def count_active_alerts_by_kind(session: Session) -> dict[tuple[str, str], int]:
     """Open or acknowledged alerts per ``(job, kind)``, for every job that has any."""
     query = (

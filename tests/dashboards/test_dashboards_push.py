@@ -156,7 +156,11 @@ def test_an_existing_folder_is_found_by_title(grafana: FakeGrafana) -> None:
 
 def test_another_folder_title(grafana: FakeGrafana) -> None:
     report = _push_json(grafana, "--folder", "GPU fleet / Minder")
-    assert report["folder"] == {"uid": "gpu-fleet-minder", "title": "GPU fleet / Minder", "created": True}
+    assert report["folder"] == {
+        "uid": "gpu-fleet-minder",
+        "title": "GPU fleet / Minder",
+        "created": True,
+    }
 
 
 def test_table_output_names_each_dashboard_and_the_totals(grafana: FakeGrafana) -> None:
@@ -246,6 +250,9 @@ def test_urls_and_folder_uids() -> None:
     assert (target.url_user, target.url_password) == ("admin", "secret")
     assert target.display == "https://grafana.example:3443/grafana"
     assert parse_grafana_url("http://[::1]:3000").host == "[::1]"
+    with pytest.raises(ValueError, match=r"\*\*\*@") as raised:
+        parse_grafana_url("http://admin:secret@grafana:99999")
+    assert "secret" not in str(raised.value)
     assert folder_uid_for("Minder") == "minder"
     assert len(folder_uid_for("x" * 100)) == 40
 
@@ -301,16 +308,20 @@ def test_the_fake_answers_404_and_400_as_documented(grafana: FakeGrafana) -> Non
     )
     assert _call(grafana, "GET", "/api/folders/nope")[0] == 404
     assert _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"title": ""}})[0] == 400
-    assert _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"id": 99, "title": "t"}})[
-        0
-    ] == 404
     assert (
-        _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"title": "t"}, "folderUid": "f"})[0]
+        _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"id": 99, "title": "t"}})[0]
+        == 404
+    )
+    assert (
+        _call(
+            grafana, "POST", "/api/dashboards/db", {"dashboard": {"title": "t"}, "folderUid": "f"}
+        )[0]
         == 400
     )
-    assert _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"title": "t"}, "bad": 1})[
-        0
-    ] == 400
+    assert (
+        _call(grafana, "POST", "/api/dashboards/db", {"dashboard": {"title": "t"}, "bad": 1})[0]
+        == 400
+    )
     assert _call(grafana, "POST", "/api/folders", {"uid": "a"})[0] == 400
     assert _call(grafana, "POST", "/api/folders", {"title": "A", "uid": "a"})[0] == 200
     assert _call(grafana, "POST", "/api/folders", {"title": "B", "uid": "a"})[0] == 409
@@ -334,3 +345,14 @@ def test_the_root_command_has_the_dashboards_group(monkeypatch: pytest.MonkeyPat
     result = runner.invoke(app, ["dashboards", "list"])
     assert result.exit_code == 0, result.output
     assert "minder-fleet" in result.stdout and "Minder / Fleet" in result.stdout
+
+
+def test_a_refused_save_names_grafanas_reason(grafana: FakeGrafana) -> None:
+    """E.g. Grafana refusing to overwrite a provisioned dashboard answers 400 with a message."""
+    original = grafana.save_dashboard
+    grafana.save_dashboard = lambda body: (400, {"message": "Cannot save provisioned dashboard"})  # type: ignore[method-assign]
+    try:
+        line = _one_line_error(_push(grafana, "--token", grafana.token))
+    finally:
+        grafana.save_dashboard = original  # type: ignore[method-assign]
+    assert line.endswith("answered 400: Cannot save provisioned dashboard")

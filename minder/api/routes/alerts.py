@@ -6,11 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from minder.api.deps import DbSession, require_token
+from minder.api.deps import Context, DbSession, require_token
 from minder.api.schemas import AlertOut, AlertPage, AlertStatusChange, Problem, TransitionProblem
 from minder.core.alert import AlertKind, AlertStatus
 from minder.core.errors import ValidationError
-from minder.storage import MAX_PAGE, get_alert_record, list_alert_records, set_alert_status
+from minder.storage import MAX_PAGE, get_alert_record, list_alert_records
+from minder.storage.outbox import change_alert_status
 
 router = APIRouter(prefix="/alerts", tags=["alerts"])
 
@@ -67,8 +68,15 @@ def alert(alert_id: str, session: DbSession) -> AlertOut:
     },
     summary="Change an alert's status",
 )
-def change_status(alert_id: str, change: AlertStatusChange, session: DbSession) -> AlertOut:
-    """Move an alert along ``open → acknowledged → resolved | false_positive``."""
-    set_alert_status(session, alert_id, change.status)
+def change_status(
+    alert_id: str, change: AlertStatusChange, session: DbSession, context: Context
+) -> AlertOut:
+    """Move an alert along ``open → acknowledged → resolved | false_positive``.
+
+    The change and its events (webhooks, Kafka, Alertmanager, and giving back a node Minder took
+    out) commit together; a resolved or false-positive alert's node is returned to the scheduler.
+    """
+    change_alert_status(session, alert_id, change.status, context.destinations, by=change.by)
     session.commit()
+    context.enqueued()
     return AlertOut.of(get_alert_record(session, alert_id))

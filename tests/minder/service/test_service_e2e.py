@@ -102,15 +102,24 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
         assert 'minder_decode_failures_total{reason="undecodable"} 1.0' in metrics
         assert "minder_machine_score{" in metrics
 
-        # The alerts topic carries the same two alerts.
+        # The alerts topic carries the same two alerts, as alert.opened events from the outbox.
+        _wait_for(
+            lambda: httpx.get(f"{api}/deliveries", params={"status": "delivered"}).json()["total"]
+            >= 2,
+            30,
+            "the outbox to deliver",
+        )
         consumer = KafkaConsumer(
             settings.kafka.alerts_topic,
             bootstrap_servers=broker.bootstrap,
             auto_offset_reset="earliest",
             consumer_timeout_ms=5000,
         )
-        published = [Alert.from_dict(json.loads(m.value)) for m in consumer]
+        events = [json.loads(m.value) for m in consumer]
         consumer.close()
+        assert {e["type"] for e in events} == {"alert.opened"}
+        assert {e["version"] for e in events} == {1}
+        published = [Alert.from_dict(e["data"]["alert"]) for e in events]
         assert sorted(a.machine for a in published) == sorted(by_machine)
     finally:
         stack.stop()

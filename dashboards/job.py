@@ -1,0 +1,256 @@
+"""``minder-job``: one job's machines, their scores, and one machine against its peers."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.models import dashboard as dm
+
+from dashboards.panels import (
+    PrometheusAnnotation,
+    bargauge_panel,
+    custom_variable,
+    fill_between,
+    heatmap_panel,
+    new_dashboard,
+    queries,
+    query,
+    query_variable,
+    row,
+    series_style,
+    stat_panel,
+    timeseries_panel,
+)
+from minder.core.metrics import METRICS, MetricKind
+
+UID = "minder-job"
+TITLE = "Minder / Job drill-down"
+
+SCORE_THRESHOLD = 6.0
+"""Default detection threshold (``detection.threshold`` of the service settings)."""
+
+AGENT_METRICS = [name for name, spec in METRICS.items() if spec.kind is not MetricKind.COUNT]
+"""Canonical metrics the agents export as ``minder_node_<metric>`` gauges (levels and rates).
+
+The ``_count`` metrics are counters (``..._total``) that need ``rate()``; they are left out.
+"""
+
+JOB = 'job_id="$job_id"'
+MACHINE = 'job_id="$job_id", machine="$machine"'
+PEERS = 'job_id="$job_id", machine!="$machine"'
+
+
+def _peer_quantile(q: float) -> str:
+    return f"quantile({q}, avg by (machine) (minder_node_${{metric}}{{{PEERS}}}))"
+
+
+def build() -> dashboard.Dashboard:
+    """The job drill-down dashboard."""
+    threshold_steps = ((None, "green"), (SCORE_THRESHOLD, "red"))
+    return (
+        new_dashboard(
+            UID,
+            TITLE,
+            "One job: its machines' anomaly scores over time, and one machine's metrics "
+            "against the median and 10-90 % band of its peers.",
+        )
+        .with_variable(
+            query_variable(
+                "job_id",
+                "Job",
+                "label_values(minder_job_machines, job_id)",
+                "Jobs with a live detection window",
+            )
+        )
+        .with_variable(
+            query_variable(
+                "machine",
+                "Machine",
+                f"label_values(minder_machine_score{{{JOB}}}, machine)",
+                "Machines of the job that the detector scores",
+            )
+        )
+        .with_variable(
+            custom_variable(
+                "metric",
+                "Metric",
+                AGENT_METRICS,
+                "Agent metric compared with the peers (series minder_node_<metric>)",
+            )
+        )
+        .annotation(
+            PrometheusAnnotation(
+                "Open alerts (job)",
+                f"max by (kind) (minder_open_alerts{{{JOB}}}) > 0",
+                title_format="{{kind}} alert open in the job",
+                tag_keys="kind",
+                text_format="open alerts of this kind: {{value}}",
+            )
+        )
+        .with_row(row("Job $job_id"))
+        .with_panel(
+            stat_panel(
+                "Machines",
+                "Machines in the job's detection window. Fewer than the job's allocation means "
+                "some agents do not report.",
+                queries((f"max(minder_job_machines{{{JOB}}})", "machines")),
+                unit="none",
+                span=6,
+                decimals=0,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Open alerts",
+                "Alerts of this job that are open or acknowledged, all kinds. Red from 1: see "
+                "the alert regions drawn on the time series below and the Minder API for the "
+                "machines named.",
+                queries((f"sum(max by (kind) (minder_open_alerts{{{JOB}}}))", "open")),
+                unit="none",
+                span=6,
+                decimals=0,
+                threshold_steps=((None, "green"), (1, "red")),
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Data age",
+                "Seconds since the job's newest sample reached the service. Stays near the "
+                "agents' interval while data flows; red past 300 s (no data from the job).",
+                queries(
+                    (f"time() - max(minder_job_last_sample_timestamp_seconds{{{JOB}}})", "age")
+                ),
+                unit="s",
+                span=6,
+                threshold_steps=((None, "green"), (60, "orange"), (300, "red")),
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Evaluation age",
+                "Seconds since the detector last evaluated this job. Red past 120 s while data "
+                "is fresh means detection stalled for this job (MinderDetectionStalled).",
+                queries(
+                    (
+                        f"time() - max(minder_job_last_evaluation_timestamp_seconds{{{JOB}}})",
+                        "age",
+                    )
+                ),
+                unit="s",
+                span=6,
+                threshold_steps=((None, "green"), (60, "orange"), (120, "red")),
+            )
+        )
+        .with_panel(
+            heatmap_panel(
+                "Machine scores",
+                "One row per machine, one cell per time step; the colour is the machine's "
+                "score (highest robust peer z-score over all metrics at each evaluation). "
+                "Healthy machines stay pale; a machine that turns dark and stays dark for the "
+                "continuity time (score above the detection threshold, 6 by default) is what "
+                "Minder alerts on. A whole column turning dark is a job-wide event, not one "
+                "faulty machine.",
+                query(f"max by (machine) (minder_machine_score{{{JOB}}})", "{{machine}}"),
+                unit="none",
+                height=12,
+                color_max=2 * SCORE_THRESHOLD,
+            )
+        )
+        .with_panel(
+            bargauge_panel(
+                "Highest scores now",
+                "The ten machines of the job with the highest score at the end of the time "
+                "range. Red bars are above the detection threshold (6 by default).",
+                [
+                    query(
+                        f"topk(10, max by (machine) (minder_machine_score{{{JOB}}}))",
+                        "{{machine}}",
+                        instant=True,
+                    )
+                ],
+                unit="none",
+                threshold_steps=threshold_steps,
+                min_val=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Open alerts by kind",
+                "Open or acknowledged alerts of this job per kind (rule, similarity, "
+                "straggler, silence) over time; the same periods are drawn as red regions on "
+                "the other time series of this dashboard.",
+                queries((f"max by (kind) (minder_open_alerts{{{JOB}}})", "{{kind}}")),
+                unit="none",
+                decimals=0,
+                min_val=0,
+                stacked=True,
+                fill_opacity=30,
+            )
+        )
+        .with_row(row("Machine $machine"))
+        .with_panel(
+            timeseries_panel(
+                "Score of $machine",
+                "The selected machine's score against the job's median score. The dashed "
+                "line is the detection threshold (6 by default); a score that stays above it "
+                "for the continuity time raises a similarity alert.",
+                queries(
+                    (f"max(minder_machine_score{{{MACHINE}}})", "$machine"),
+                    (
+                        f"quantile(0.5, max by (machine) (minder_machine_score{{{JOB}}}))",
+                        "job median",
+                    ),
+                ),
+                unit="none",
+                span=24,
+                min_val=0,
+                threshold_steps=threshold_steps,
+            )
+            .override_by_query("A", series_style("red", 2))
+            .override_by_query("B", series_style("blue", 1, dashed=True))
+        )
+        .with_panel(
+            timeseries_panel(
+                "$metric: $machine against its peers",
+                "The selected agent metric of the selected machine (averaged over its "
+                "devices, red) against the other machines of the job: their median (dashed) "
+                "and the band from their 10th to 90th percentile (shaded). A machine outside "
+                "the band while the band is narrow is the outlier Minder looks for; a wide "
+                "band means the job's machines disagree anyway. The unit is the suffix of the "
+                "metric's name (ratio, watts, celsius, bytes_per_second ...).",
+                queries(
+                    (f"avg by (machine) (minder_node_${{metric}}{{{MACHINE}}})", "{{machine}}"),
+                    (_peer_quantile(0.5), "peer median"),
+                    (_peer_quantile(0.9), "peer p90"),
+                    (_peer_quantile(0.1), "peer p10"),
+                ),
+                unit="short",
+                span=24,
+                height=10,
+                legend_calcs=("lastNotNull", "mean"),
+            )
+            .override_by_query("A", series_style("red", 2))
+            .override_by_query("B", series_style("blue", 1, dashed=True))
+            .override_by_name("peer p90", fill_between("peer p10"))
+            .override_by_name(
+                "peer p10",
+                [
+                    dm.DynamicConfigValue(id_val="custom.lineWidth", value=0),
+                    dm.DynamicConfigValue(
+                        id_val="color", value={"mode": "fixed", "fixedColor": "blue"}
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "$metric per device of $machine",
+                "The selected metric on each device (GPU, NIC) of the selected machine; host "
+                "metrics have one series with an empty device. One device apart from the "
+                "others points at that GPU or NIC rather than the whole machine.",
+                queries((f"max by (device) (minder_node_${{metric}}{{{MACHINE}}})", "{{device}}")),
+                unit="short",
+                span=24,
+                legend_calcs=("lastNotNull", "mean"),
+            )
+        )
+    )

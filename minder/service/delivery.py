@@ -1,0 +1,203 @@
+"""Assembles the outbox's destinations, their senders and workers from the settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from minder.actions.executor import BREAKER, ActionExecutor, ActionMetrics
+from minder.actions.policy import ActionPolicy
+from minder.config import Settings
+from minder.core.errors import MinderError
+from minder.delivery.alertmanager import AlertmanagerClient, AlertmanagerSender
+from minder.delivery.kafka import KafkaSender
+from minder.delivery.webhook import WebhookSender
+from minder.delivery.worker import Backoff, DeliveryHub, DeliveryMetrics, DeliveryWorker, Sender
+from minder.storage import SessionFactory, open_alerts
+from minder.storage.actions import get_breaker
+from minder.storage.outbox import AlertEvent, Destination
+from minder.stream.producer import AlertPublisher
+
+logger = logging.getLogger(__name__)
+
+ALL_EVENTS = frozenset(e.value for e in AlertEvent)
+
+
+@dataclass
+class Delivery:
+    """The outbox's destinations (what the store and the API enqueue to) and their workers."""
+
+    destinations: list[Destination]
+    hub: DeliveryHub
+    executor: ActionExecutor | None = None
+    refresher: Periodic | None = None
+
+    def start(self) -> None:
+        """Start the workers and the Alertmanager refresher."""
+        self.hub.start()
+        if self.refresher is not None:
+            self.refresher.start()
+
+    def stop(self) -> None:
+        """Stop the workers (each finishes the row it is sending) and the refresher."""
+        if self.refresher is not None:
+            self.refresher.stop()
+        self.hub.stop()
+
+
+class Periodic:
+    """Calls ``fn`` every ``interval_s`` from a daemon thread; an exception is logged, not fatal."""
+
+    def __init__(self, name: str, interval_s: float, fn: Callable[[], None]) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.fn = fn
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.fn()
+            except Exception as exc:
+                logger.warning("%s failed: %s", self.name, str(exc).splitlines()[0][:300])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"minder-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def action_policy(settings: Settings) -> ActionPolicy:
+    """The policy of the ``actions`` settings."""
+    a = settings.actions
+    return ActionPolicy(
+        enforce=a.enforce,
+        act_on=dict(a.act_on),
+        opt_out_jobs=frozenset(a.opt_out_jobs),
+        max_per_job=a.max_per_job,
+        max_fraction=a.max_fraction,
+        window_s=a.window_s,
+        node_template=a.node_template,
+    )
+
+
+def build_actuator(settings: Settings) -> object:
+    """The scheduler target of the settings (imported only when configured).
+
+    Raises
+    ------
+    MinderError
+        The target cannot be configured (no kubeconfig, …).
+    """
+    a = settings.actions
+    if a.target == "slurm":
+        from minder.actions.slurm import SlurmActuator  # noqa: PLC0415
+
+        return SlurmActuator(scontrol=a.scontrol, slurm_conf=a.slurm_conf)
+    if a.target == "kubernetes":
+        from minder.actions.kubernetes import KubernetesActuator  # noqa: PLC0415
+
+        in_cluster = a.kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+        return KubernetesActuator.from_config(a.kubeconfig, a.kube_context, in_cluster)
+    raise MinderError(f"actions target {a.target!r}: expected slurm or kubernetes")
+
+
+def build_delivery(
+    settings: Settings,
+    sessions: SessionFactory,
+    registry: CollectorRegistry,
+    *,
+    actuator: object | None = None,
+) -> Delivery:
+    """Destinations, senders and workers of the settings.
+
+    ``actuator`` overrides the configured scheduler target (tests).
+    """
+    ttl = settings.delivery.ttl_s
+    backoff = Backoff(
+        base_s=settings.delivery.backoff_base_s, cap_s=settings.delivery.backoff_cap_s
+    )
+    senders: list[tuple[Destination, Sender]] = []
+    closables: list[Callable[[], None]] = []
+    try:
+        publisher = AlertPublisher.from_settings(settings.kafka)
+        closables.append(publisher.close)
+        senders.append((Destination("kafka", ALL_EVENTS, ttl), KafkaSender(publisher)))
+        for endpoint in settings.webhook.all_endpoints():
+            sender = WebhookSender(
+                endpoint.name,
+                endpoint.url,
+                secrets=endpoint.secrets,
+                timeout_s=settings.webhook.timeout_s,
+            )
+            closables.append(sender.close)
+            senders.append((Destination(sender.destination, frozenset(endpoint.events), ttl),
+                            sender))  # fmt: skip
+        am: AlertmanagerSender | None = None
+        if settings.alertmanager.url:
+            client = AlertmanagerClient(
+                settings.alertmanager.url,
+                timeout_s=settings.alertmanager.timeout_s,
+                bearer_token=settings.alertmanager.bearer_token,
+            )
+            am = AlertmanagerSender(client, external_url=settings.api.external_url)
+            closables.append(am.close)
+            senders.append((Destination(am.destination, am.events, ttl), am))
+        notify = [destination for destination, _ in senders]
+        executor = None
+        delivery_metrics = DeliveryMetrics(registry)
+        hub_ref: list[DeliveryHub] = []
+        if actuator is not None or settings.actions.target != "none":
+            target = actuator if actuator is not None else build_actuator(settings)
+            executor = ActionExecutor(
+                target,  # type: ignore[arg-type]
+                action_policy(settings),
+                sessions,
+                notify=notify,
+                metrics=ActionMetrics(registry),
+                on_enqueued=lambda: hub_ref[0].wake() if hub_ref else None,
+            )
+            senders.append((executor.destination_spec(ttl_s=ttl), executor))
+            mode = "ENFORCING" if settings.actions.enforce else "log-only (dry run)"
+            logger.warning("scheduler actions on %s: %s", executor.target, mode)
+    except Exception:
+        for close in closables:
+            close()
+        raise
+    workers = [
+        DeliveryWorker(sender, sessions, metrics=delivery_metrics, backoff=backoff)
+        for _, sender in senders
+    ]
+    hub = DeliveryHub(workers, sessions, delivery_metrics)
+    hub_ref.append(hub)
+    refresher = None
+    if am is not None:
+        sender_am = am
+
+        def refresh() -> None:
+            with sessions() as session:
+                alerts = open_alerts(session)
+                breaker = get_breaker(session, BREAKER)
+            sender_am.refresh(
+                alerts,
+                breaker.reason if breaker.tripped else None,
+                breaker.tripped_at,
+            )
+
+        refresher = Periodic("alertmanager-refresh", settings.alertmanager.refresh_s, refresh)
+    return Delivery(
+        destinations=[destination for destination, _ in senders],
+        hub=hub,
+        executor=executor,
+        refresher=refresher,
+    )

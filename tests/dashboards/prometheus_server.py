@@ -1,0 +1,175 @@
+"""A real Prometheus server for tests: started on a free loopback port, stopped afterwards.
+
+``promtool`` has no command that only parses a PromQL expression, so the dashboards' queries are
+checked by a Prometheus server instead: ``GET /api/v1/query`` answers a parse error with
+``{"status": "error", "errorType": "bad_data"}``. With ``scrape_configs`` the same server can
+scrape live targets (an end-to-end test running every panel's query against real data)::
+
+    with prometheus_server(tmp_path, scrape_configs=[{"job_name": "minder", "static_configs":
+                           [{"targets": ["127.0.0.1:8080"]}]}]) as prom:
+        answer = prom.query("sum(minder_jobs)")
+
+The test is skipped, saying why, when the ``prometheus`` binary is absent (Debian package
+``prometheus``, installed by ``.ci/install-deploy-tools.sh``; or set ``PROMETHEUS_BINARY``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+
+def prometheus_binary() -> str | None:
+    """``$PROMETHEUS_BINARY``, ``prometheus`` on the PATH or ``/usr/bin/prometheus``; or None."""
+    for candidate in (
+        os.environ.get("PROMETHEUS_BINARY"),
+        shutil.which("prometheus"),
+        "/usr/bin/prometheus",
+    ):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class PrometheusServer:
+    """A running Prometheus; :attr:`url` is ``http://127.0.0.1:<port>``."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def get(self, path: str, params: dict[str, Any] | None = None, timeout: float = 10) -> Any:
+        """GET ``path`` and decode the JSON answer, also of an error status (400, 422 …)."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        try:
+            with urllib.request.urlopen(self.url + path + query, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                return json.loads(body)
+            except json.JSONDecodeError:
+                raise AssertionError(f"GET {path}: {exc.code} {body[:200]!r}") from None
+
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """Instant query: ``{"status": "success", "data": …}`` or ``{"status": "error", …}``."""
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        answer: dict[str, Any] = self.get("/api/v1/query", params)
+        return answer
+
+    def query_range(self, expr: str, start: float, end: float, step: str = "15s") -> dict[str, Any]:
+        """Range query, as a dashboard's time series panel runs it."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step}
+        answer: dict[str, Any] = self.get("/api/v1/query_range", params)
+        return answer
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the server's log (for assertion messages)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _wait_ready(server: PrometheusServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"prometheus exited with status {server.process.returncode} before it was "
+                f"ready:\n{server.log_tail()}"
+            )
+        try:
+            with urllib.request.urlopen(server.url + "/-/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"prometheus not ready after {timeout:g} s:\n{server.log_tail()}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def prometheus_server(
+    directory: Path | None = None,
+    *,
+    scrape_configs: Sequence[dict[str, Any]] = (),
+    scrape_interval: str = "1s",
+    rule_files: Sequence[Path] = (),
+    extra_args: Sequence[str] = (),
+    ready_timeout: float = 60,
+) -> Iterator[PrometheusServer]:
+    """Run Prometheus on 127.0.0.1 with its config and TSDB under ``directory`` (a temporary
+    folder when None); skip the calling test when the binary is absent; kill it on exit."""
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip(
+            "Prometheus is not installed: apt-get install prometheus (/usr/bin/prometheus) "
+            "or set PROMETHEUS_BINARY"
+        )
+    with contextlib.ExitStack() as stack:
+        if directory is None:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="prom-")))
+        directory.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": list(scrape_configs),
+        }
+        config_path = directory / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        log_path = directory / "prometheus.log"
+        port = free_port()
+        command = [
+            binary,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            *extra_args,
+        ]
+        log = stack.enter_context(log_path.open("wb"))
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        stack.callback(_stop, process)
+        server = PrometheusServer(f"http://127.0.0.1:{port}", process, log_path)
+        _wait_ready(server, ready_timeout)
+        yield server
