@@ -104,8 +104,9 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
 
         # The alerts topic carries the same two alerts, as alert.opened events from the outbox.
         _wait_for(
-            lambda: httpx.get(f"{api}/deliveries", params={"status": "delivered"}).json()["total"]
-            >= 2,
+            lambda: (
+                httpx.get(f"{api}/deliveries", params={"status": "delivered"}).json()["total"] >= 2
+            ),
             30,
             "the outbox to deliver",
         )
