@@ -1,0 +1,260 @@
+"""Policy, dry run, holds, opt-out, undo, audit and the circuit breaker in front of the scheduler.
+
+The scheduler here is a recording actuator (the real Slurm and Kubernetes ones have their own
+tests against a real slurmctld and a fake API server): what matters is which calls reach it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from minder.actions.base import ActionError, ActionOutcome
+from minder.actions.executor import BREAKER, ActionExecutor, ActionMetrics
+from minder.actions.policy import ActionPolicy
+from minder.core.alert import Alert, AlertKind, AlertStatus
+from minder.core.errors import ValidationError
+from minder.delivery.worker import Backoff, DeliveryWorker
+from minder.storage import SessionFactory, create_engine_for, session_factory, upgrade_database
+from minder.storage.actions import get_breaker, list_audit, reset_breaker, set_actions_enabled
+from minder.storage.jobs import upsert_job_machines
+from minder.storage.outbox import (
+    AlertEvent,
+    Destination,
+    change_alert_status,
+    list_deliveries,
+    record_alert_with_events,
+)
+from minder.storage.records import MachineInfo
+
+FAST = Backoff(base_s=0.01, cap_s=0.05, floor_s=0.01)
+NOTIFY = Destination("webhook:ops", frozenset(e.value for e in AlertEvent))
+
+
+@dataclass
+class Recording:
+    """Records applies and undos; ``fail`` raises that error on the next call."""
+
+    name: str = "slurm"
+    applied: list[tuple[str, str]] = field(default_factory=list)
+    undone: list[tuple[str, str]] = field(default_factory=list)
+    fail: ActionError | None = None
+
+    def apply(self, node: str, *, alert_id: str, reason: str) -> ActionOutcome:
+        if self.fail is not None:
+            error, self.fail = self.fail, None
+            raise error
+        self.applied.append((node, alert_id))
+        return ActionOutcome(self.name, node, "drain", True, f"drained {node}: {reason}")
+
+    def undo(self, node: str, *, alert_id: str) -> ActionOutcome:
+        self.undone.append((node, alert_id))
+        return ActionOutcome(self.name, node, "resume", True, f"resumed {node}")
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> SessionFactory:
+    engine = create_engine_for(f"sqlite:///{tmp_path / 'actions.db'}")
+    upgrade_database(engine)
+    factory = session_factory(engine)
+    with factory.begin() as session:  # a watched fleet of 200 machines in two jobs
+        for job in ("j", "k"):
+            upsert_job_machines(
+                session, job, [MachineInfo(f"{job}-n{i:04d}", "", "") for i in range(100)], 1.0
+            )
+    return factory
+
+
+class Harness:
+    def __init__(self, sessions: SessionFactory, policy: ActionPolicy) -> None:
+        self.sessions = sessions
+        self.actuator = Recording()
+        self.registry = CollectorRegistry()
+        self.executor = ActionExecutor(
+            self.actuator,
+            policy,
+            sessions,
+            notify=[NOTIFY],
+            metrics=ActionMetrics(self.registry),
+        )
+        self.destinations = [self.executor.destination_spec(), NOTIFY]
+        self.worker = DeliveryWorker(self.executor, sessions, backoff=FAST)
+
+    def raise_alert(self, machine: str, kind: AlertKind = AlertKind.RULE, job: str = "j",
+                    domain: str = "") -> Alert:  # fmt: skip
+        alert = Alert(job=job, machine=machine, kind=kind, metric="gpu_xid_count", score=9.0,
+                      first_ts=1000.0, detected_ts=1001.0, domain=domain)  # fmt: skip
+        with self.sessions.begin() as session:
+            stored, _ = record_alert_with_events(session, alert, self.destinations)
+        return stored
+
+    def set_status(self, alert: Alert, status: AlertStatus) -> None:
+        with self.sessions.begin() as session:
+            change_alert_status(session, alert.id, status, self.destinations)
+
+    def run(self, seconds: float = 0.0) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            self.worker.run_once()
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
+
+    def outcomes(self) -> list[tuple[str, str, str]]:
+        with self.sessions() as session:
+            entries, _ = list_audit(session, limit=500)
+        return [(e.machine or "", e.operation, e.outcome) for e in reversed(entries)]
+
+
+def test_log_only_is_the_default_and_changes_nothing(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy())
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.applied == []
+    assert h.outcomes() == [("j-n0001", "drain", "dry_run")]
+    h.set_status(alert, AlertStatus.FALSE_POSITIVE)
+    h.run()
+    assert h.actuator.undone == []
+    assert h.outcomes()[-1] == ("j-n0001", "resume", "dry_run")
+    assert (
+        h.registry.get_sample_value(
+            "minder_actions_total", {"target": "slurm", "operation": "drain", "outcome": "dry_run"}
+        )
+        == 1
+    )
+
+
+def test_enforced_rules_act_at_once_and_undo_on_false_positive(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.applied == [("j-n0001", alert.id)]
+    h.set_status(alert, AlertStatus.ACKNOWLEDGED)
+    h.run()
+    assert h.actuator.undone == []  # acknowledging is not the end of the fault
+    h.set_status(alert, AlertStatus.FALSE_POSITIVE)
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)]
+    assert [o[2] for o in h.outcomes()] == ["applied", "applied"]
+
+
+def test_similarity_acts_only_once_it_has_held(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True, act_on={"rule": 0, "similarity": 0.4}))
+    held = h.raise_alert("j-n0002", AlertKind.SIMILARITY)
+    dismissed = h.raise_alert("j-n0003", AlertKind.SIMILARITY)
+    h.run()
+    assert h.actuator.applied == []  # within the hold
+    h.set_status(dismissed, AlertStatus.FALSE_POSITIVE)
+    h.run(0.6)
+    assert h.actuator.applied == [("j-n0002", held.id)]
+    assert ("j-n0003", "drain", "skipped_policy") in h.outcomes()
+    # the dismissed one was never taken out, so there is nothing to give back
+    assert h.actuator.undone == []
+    assert ("j-n0003", "resume", "skipped_policy") in h.outcomes()
+
+
+def test_stragglers_and_domain_alerts_only_notify(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.raise_alert("j-n0004", AlertKind.STRAGGLER)
+    h.raise_alert("leaf-3", AlertKind.SILENCE, domain="leaf-3")
+    h.run(0.1)
+    assert h.actuator.applied == []
+    assert {o[2] for o in h.outcomes()} == {"skipped_policy"}
+
+
+def test_jobs_opt_out_by_setting_or_through_the_store(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True, opt_out_jobs=frozenset({"k"})))
+    h.raise_alert("k-n0001", job="k")
+    with sessions.begin() as session:
+        set_actions_enabled(session, "j", False, by="ops")
+    h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.applied == []
+    assert [o[2] for o in h.outcomes()] == ["skipped_policy", "skipped_opt_out"]
+
+
+def test_transient_failures_retry_and_permanent_ones_give_up(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.actuator.fail = ActionError("controller unreachable", transient=True)
+    first = h.raise_alert("j-n0001")
+    h.run(0.3)
+    assert h.actuator.applied == [("j-n0001", first.id)]
+    h.actuator.fail = ActionError("node j-n0002 not found", transient=False)
+    h.raise_alert("j-n0002")
+    h.run(0.3)
+    assert [o[2] for o in h.outcomes()] == ["failed", "applied", "failed"]
+    with sessions() as session:
+        expired, _ = list_deliveries(session, status="expired")
+    assert [d.destination for d in expired] == ["action:slurm"]
+
+
+def test_the_breaker_trips_at_its_bound_in_a_fault_storm(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True, max_per_job=3, max_fraction=0.5))
+    storm = [h.raise_alert(f"j-n{i:04d}") for i in range(10)]
+    h.run()
+    # exactly the bound, and not one action past it
+    assert [node for node, _ in h.actuator.applied] == ["j-n0000", "j-n0001", "j-n0002"]
+    outcomes = [o[2] for o in h.outcomes()]
+    assert outcomes == ["applied"] * 3 + ["skipped_breaker"] * 7
+    with sessions() as session:
+        state = get_breaker(session, BREAKER)
+        events, _ = list_deliveries(session, destination="webhook:ops", limit=100)
+    assert state.tripped and "4 machines of job j" in (state.reason or "")
+    tripped = [e for e in events if e.event == "breaker.tripped"]
+    assert len(tripped) == 1 and tripped[0].payload["data"]["refused"]["machine"] == "j-n0003"
+    assert h.registry.get_sample_value("minder_actions_breaker_tripped") == 1
+    # tripped: no other job is acted on either, until an operator resets it
+    h.raise_alert("k-n0001", job="k")
+    h.run()
+    assert len(h.actuator.applied) == 3
+    # undos still happen: giving a node back is safe
+    h.set_status(storm[0], AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == [("j-n0000", storm[0].id)]
+    with sessions.begin() as session:
+        assert reset_breaker(session, BREAKER, by="ops")
+    h.raise_alert("k-n0002", job="k")
+    h.run()
+    assert h.actuator.applied[-1][0] == "k-n0002"
+
+
+def test_the_fleet_wide_bound_counts_every_job(sessions: SessionFactory) -> None:
+    # 200 watched machines, 1.5 % -> 3 machines across all jobs
+    h = Harness(sessions, ActionPolicy(enforce=True, max_per_job=10, max_fraction=0.015))
+    for job, i in (("j", 1), ("k", 1), ("j", 2), ("k", 2)):
+        h.raise_alert(f"{job}-n{i:04d}", job=job)
+    h.run()
+    assert len(h.actuator.applied) == 3
+    with sessions() as session:
+        assert "of the 200 watched machines" in (get_breaker(session, BREAKER).reason or "")
+
+
+def test_dry_run_trips_the_breaker_too_so_operators_learn_their_bound(
+    sessions: SessionFactory,
+) -> None:
+    h = Harness(sessions, ActionPolicy(max_per_job=2))
+    for i in range(4):
+        h.raise_alert(f"j-n{i:04d}")
+    h.run()
+    assert [o[2] for o in h.outcomes()] == ["dry_run", "dry_run", "skipped_breaker",
+                                            "skipped_breaker"]  # fmt: skip
+    assert h.actuator.applied == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"act_on": {"bogus": 0}},
+        {"act_on": {"rule": -1}},
+        {"max_per_job": 0},
+        {"max_fraction": 0},
+        {"node_template": "node"},
+    ],
+)
+def test_a_bad_policy_is_refused_naming_the_value(kwargs: dict) -> None:
+    with pytest.raises(ValidationError):
+        ActionPolicy(**kwargs)
