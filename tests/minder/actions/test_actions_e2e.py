@@ -1,0 +1,148 @@
+"""From a fault to a drained node and back, end to end, on real servers.
+
+A simulated job with an injected GPU fault goes through Kafka (Tansu) into the detection service;
+its alert drains the faulty node in a real ``slurmctld`` and shows in a real Alertmanager; marking
+the alert a false positive through the API resumes the node and ends the Alertmanager alert.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from collectors.sim.output import iter_batches
+from collectors.sim.scenario import Scenario
+from minder.config import Settings
+from minder.service.stack import build_stack
+from minder.stream import BatchProducer, EmbeddedBroker
+from minder.stream.broker import free_port
+
+# The Alertmanager harness lives beside the delivery tests; pytest puts only this folder on
+# sys.path for these tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delivery"))
+from alertmanager_server import alertmanager_server
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+FAULTY = "demo-n0023"
+
+
+def _scenario() -> Scenario:
+    return Scenario.model_validate(
+        {
+            "seed": 7,
+            "duration_s": 60,
+            "jobs": [
+                {"name": "demo", "machines": 32, "machines_per_domain": 8, "step_time_s": 3.0}
+            ],
+            "faults": [{"type": "gpu_xid", "machine": 23, "device": "gpu5", "start_s": 20}],
+        }
+    )
+
+
+def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as running:
+        yield running
+
+
+def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
+    slurm_cluster: Any, broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    with alertmanager_server(tmp_path / "am") as am:
+        settings = Settings()
+        suffix = uuid.uuid4().hex[:8]
+        settings.kafka.bootstrap = broker.bootstrap
+        settings.kafka.metrics_topic = f"metrics-{suffix}"
+        settings.kafka.alerts_topic = f"alerts-{suffix}"
+        settings.kafka.deadletter_topic = f"dead-{suffix}"
+        settings.kafka.group_id = f"detect-{suffix}"
+        settings.database.url = f"sqlite:///{tmp_path / 'minder.db'}"
+        settings.api.port = free_port()
+        settings.api.token = "operator-token"
+        settings.api.external_url = f"http://127.0.0.1:{settings.api.port}"
+        settings.alertmanager.url = am.url
+        settings.actions.target = "slurm"
+        settings.actions.enforce = True
+        settings.actions.scontrol = slurm_cluster.scontrol_path
+        settings.actions.slurm_conf = slurm_cluster.conf_path
+        stack = build_stack(settings, registry=CollectorRegistry())
+        stack.start()
+        try:
+            scenario = _scenario()
+            start = time.time() - scenario.duration_s
+            with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+                for _, batches in iter_batches(scenario, start_ts=start):
+                    for batch in batches:
+                        producer.send(batch)
+                producer.flush()
+
+            def drained() -> tuple[frozenset[str], str] | None:
+                flags, reason = slurm_cluster.node_state(FAULTY)
+                return (flags, reason) if "DRAIN" in flags else None
+
+            _, reason = _wait_for(drained, 60, f"{FAULTY} drained")
+            [alert] = [a for a in stack.service.alerts if a.machine == FAULTY]
+            assert reason.startswith(f"minder:{alert.id}") and "gpu_xid_count" in reason
+            # only the faulty node, no healthy one
+            for node in ("demo-n0024", "demo-n0025"):
+                assert "DRAIN" not in slurm_cluster.node_state(node)[0]
+
+            def in_alertmanager() -> list[dict[str, Any]]:
+                return [a for a in am.alerts(active="true") if a["labels"].get("machine") == FAULTY]
+
+            [shown] = _wait_for(in_alertmanager, 30, "the alert in Alertmanager")
+            assert shown["labels"]["alert_id"] == alert.id
+            assert shown["labels"]["alertname"] == "MinderRule"
+            assert shown["annotations"]["minder_url"].endswith(f"/api/v1/alerts/{alert.id}")
+
+            api = f"{stack.api_url}/api/v1"
+            refused = httpx.patch(f"{api}/alerts/{alert.id}", json={"status": "false_positive"})
+            assert refused.status_code == 401
+            changed = httpx.patch(
+                f"{api}/alerts/{alert.id}",
+                json={"status": "false_positive", "by": "ops"},
+                headers={"authorization": "Bearer operator-token"},
+            )
+            assert changed.status_code == 200, changed.text
+
+            def resumed() -> bool:
+                flags, _ = slurm_cluster.node_state(FAULTY)
+                return "DRAIN" not in flags and "IDLE" in flags
+
+            _wait_for(resumed, 60, f"{FAULTY} resumed")
+            _wait_for(lambda: not in_alertmanager(), 30, "the alert to end in Alertmanager")
+
+            audit = httpx.get(f"{api}/actions", params={"alert_id": alert.id}).json()["items"]
+            assert [(e["operation"], e["outcome"], e["mode"]) for e in reversed(audit)] == [
+                ("drain", "applied", "enforce"),
+                ("resume", "applied", "enforce"),
+            ]
+            deliveries = httpx.get(f"{api}/deliveries", params={"alert_id": alert.id}).json()
+            by_destination = {(d["destination"], d["event"]): d["status"]
+                              for d in deliveries["items"]}  # fmt: skip
+            assert by_destination[("action:slurm", "alert.opened")] == "delivered"
+            assert by_destination[("alertmanager", "alert.false_positive")] == "delivered"
+            assert by_destination[("kafka", "alert.false_positive")] == "delivered"
+        finally:
+            stack.stop()
+            slurm_cluster.reset(FAULTY)
