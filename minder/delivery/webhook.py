@@ -27,8 +27,10 @@ from minder.storage.outbox import Delivery
 
 logger = logging.getLogger(__name__)
 
-# 408 and 429 mean "later"; 409 and 425 are transient by their definitions too.
-_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+# Every failure is retried until the row's time to live runs out (a receiver's 401 or 404 is
+# usually a configuration being fixed, and giving up would lose the event), except 410 Gone: the
+# receiver says this endpoint is gone for good.
+_PERMANENT = frozenset({410})
 
 
 def signers(secrets: Sequence[str]) -> list[Webhook]:
@@ -118,7 +120,7 @@ class WebhookSender:
             return
         status = response.status_code
         text = response.text[:MAX_LOGGED_CHARS].replace("\n", " ")
-        transient = status >= 500 or status in _TRANSIENT_4XX
+        transient = status not in _PERMANENT
         raise DeliveryError(
             f"{self.url} answered {status}: {text}",
             transient=transient,

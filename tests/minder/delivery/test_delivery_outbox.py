@@ -180,13 +180,14 @@ def test_a_permanent_refusal_expires_at_once_and_later_rows_go_on(
     dest = Destination("webhook:ops", EVENTS)
     _record(sessions, dest, _alert("n1"))
     _record(sessions, dest, _alert("n2"))
-    receiver.answers = [400]
+    receiver.answers = [401, 410]  # a wrong secret is retried (being fixed); Gone is final
     _drain(DeliveryWorker(WebhookSender("ops", receiver.url), sessions, backoff=FAST))
     rows = {r.alert_id: r for r in _rows(sessions)}
     statuses = sorted(r.status.value for r in rows.values())
     assert statuses == ["delivered", "expired"]
     expired = next(r for r in rows.values() if r.status is DeliveryStatus.EXPIRED)
-    assert "answered 400" in (expired.last_error or "")
+    assert "answered 410" in (expired.last_error or "")
+    assert len(receiver.received) == 3
 
 
 def test_retry_after_is_honoured(sessions: SessionFactory, receiver: Receiver) -> None:
