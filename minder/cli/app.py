@@ -66,6 +66,24 @@ COMMANDS: dict[str, LazyCommand] = {
     "dashboards": LazyCommand(
         "minder.cli.dashboards", "dashboards_app", "Minder's Grafana dashboards: list, push."
     ),
+    "alerts": LazyCommand(
+        "minder.cli.alerts",
+        "alerts_app",
+        "List, show and review alerts (ack, resolve, false-positive) over the API.",
+    ),
+    "actions": LazyCommand(
+        "minder.cli.actions", "actions_app", "The audit trail of scheduler actions, over the API."
+    ),
+    "breaker": LazyCommand(
+        "minder.cli.actions",
+        "breaker_app",
+        "The actions circuit breaker: status, reset (over the API).",
+    ),
+    "labels": LazyCommand(
+        "minder.cli.labels",
+        "labels_app",
+        "Export reviewed alerts as training labels for minder train --labels.",
+    ),
 }
 
 

@@ -1,0 +1,569 @@
+"""A small typed client of Minder's HTTP API (``/api/v1``) for the operator commands.
+
+The response types mirror :mod:`minder.api.schemas` as :class:`~typing.TypedDict` (plain JSON
+data: it prints as is with ``--format json``), so the CLI never imports FastAPI or pydantic's
+models. Every failure is an :class:`ApiError` with a one-line message: the API cannot be reached,
+refused the token, has no such entity, forbids a status change, or answered something that is not
+Minder's JSON. The client never puts the token in a message.
+
+The module also holds what the operator command modules share: their connection options
+(``--api``, ``--token``, ``--timeout``, ``--format``), :func:`connect`, which turns an
+:class:`ApiError` into the CLI's one-line error, and :func:`parse_time`.
+
+httpx is imported when a client is made, not with this module, so ``minder alerts --help`` stays
+fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, Generic, NoReturn, TypedDict, TypeVar
+from urllib.parse import quote, urlsplit
+
+import typer
+
+from minder.cli.common import OutputFormat, fail
+
+if TYPE_CHECKING:
+    import httpx
+
+API_PREFIX = "/api/v1"
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+API_URL_ENV = "MINDER_API_URL"
+API_TOKEN_ENV = "MINDER_API_TOKEN"
+SERVER_TOKEN_ENV = "MINDER_API__TOKEN"
+"""The server's own token variable (``minder serve``); read too, after :data:`API_TOKEN_ENV`."""
+DEFAULT_TIMEOUT_S = 10.0
+MAX_PAGE = 500
+"""Largest page the API serves (its ``limit`` bound)."""
+MAX_TEXT = 200
+"""Characters of an unexpected answer kept in an error message."""
+
+T = TypeVar("T")
+Params = list[tuple[str, str | int | float | bool | None]]
+
+
+# -- what the API returns (minder.api.schemas) ------------------------------------------------
+
+
+class AlertOut(TypedDict):
+    """A stored alert (``AlertOut``)."""
+
+    id: str
+    key: str
+    job: str
+    machine: str
+    devices: list[str]
+    kind: str
+    metric: str
+    score: float
+    first_ts: float
+    detected_ts: float
+    last_seen_ts: float
+    occurrences: int
+    domain: str
+    status: str
+    evidence: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+class DeliveryOut(TypedDict):
+    """One outbox row (``DeliveryOut``)."""
+
+    id: int
+    delivery_id: str
+    destination: str
+    event: str
+    alert_id: str | None
+    job: str | None
+    status: str
+    attempts: int
+    created_at: float
+    next_attempt_at: float
+    expires_at: float
+    delivered_at: float | None
+    last_error: str | None
+
+
+class AuditOut(TypedDict):
+    """One action decision of the audit trail (``AuditOut``)."""
+
+    id: int
+    created_at: float
+    alert_id: str | None
+    job: str | None
+    machine: str | None
+    node: str | None
+    target: str
+    operation: str
+    mode: str
+    outcome: str
+    detail: str
+    delivery_id: str | None
+
+
+class BreakerOut(TypedDict):
+    """The actions circuit breaker (``BreakerOut``)."""
+
+    name: str
+    tripped: bool
+    tripped_at: float | None
+    reason: str | None
+    reset_at: float | None
+    reset_by: str | None
+
+
+class Page(TypedDict, Generic[T]):
+    """One page of a listing, newest first, with the total over all pages."""
+
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A request failed; ``str(error)`` is one line for humans.
+
+    Attributes
+    ----------
+    status
+        The HTTP status, or ``None`` when no answer came.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(one_line(message, 400))
+        self.status = status
+
+
+class ApiUnreachableError(ApiError):
+    """No answer: refused, unknown host, timed out, TLS failure."""
+
+
+class ApiUnauthorizedError(ApiError):
+    """401: the endpoint needs a (valid) bearer token."""
+
+
+class ApiNotFoundError(ApiError):
+    """404: no such alert (or job, report); the message is the API's detail."""
+
+
+class ApiConflictError(ApiError):
+    """409: the alert life cycle forbids the change.
+
+    Attributes
+    ----------
+    current, requested
+        The alert's status and the one asked for.
+    allowed
+        The statuses it may move to (empty for a final status).
+    """
+
+    def __init__(
+        self, message: str, current: str | None, requested: str | None, allowed: list[str]
+    ) -> None:
+        super().__init__(message, 409)
+        self.current = current
+        self.requested = requested
+        self.allowed = allowed
+
+
+def one_line(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _detail(body: Any) -> str | None:
+    """The ``detail`` of an error body: a string, or FastAPI's list of validation errors."""
+    if not isinstance(body, Mapping):
+        return None
+    detail = body.get("detail")
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, Mapping):
+                where = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+                parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg")))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return None
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+def normalise_url(url: str) -> str:
+    """The API's base URL: ``http(s)://host[:port][/prefix]`` without ``/api/v1`` or a slash.
+
+    Raises
+    ------
+    ApiError
+        When ``url`` is not an http(s) URL with a host.
+    """
+    base = url.strip().rstrip("/")
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ApiError(
+            f"API URL {one_line(url, 80)!r} is not an http(s) URL: expected e.g. {DEFAULT_API_URL}"
+        )
+    if base.endswith(API_PREFIX):
+        base = base[: -len(API_PREFIX)]
+    return base
+
+
+class MinderApi:
+    """A client of one Minder API; use it as a context manager (it closes its connections).
+
+    Parameters
+    ----------
+    url
+        Where the API answers (``http://host:8080``; a trailing ``/api/v1`` is accepted).
+    token
+        The bearer token of mutating requests (status changes, breaker reset).
+    timeout
+        Seconds to wait for connecting and for each answer.
+    transport
+        An httpx transport to use instead of the network (tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        import httpx  # noqa: PLC0415
+
+        from minder import __version__  # noqa: PLC0415
+
+        self.url = normalise_url(url)
+        self.token = token or None
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.url + API_PREFIX,
+            timeout=timeout,
+            transport=transport,
+            headers={"User-Agent": f"minder-cli/{__version__}", "Accept": "application/json"},
+        )
+
+    def __enter__(self) -> MinderApi:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    # -- alerts --
+
+    def alerts(
+        self,
+        *,
+        job: str | None = None,
+        machine: str | None = None,
+        kinds: Sequence[str] = (),
+        statuses: Sequence[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[AlertOut]:
+        """One page of alerts matching every filter, newest detected first.
+
+        ``since`` (included) and ``until`` (excluded) bound the detection time, unix seconds.
+        """
+        params: Params = [("limit", limit), ("offset", offset)]
+        params += [(name, value) for name, value in (("job", job), ("machine", machine)) if value]
+        params += [("kind", k) for k in kinds] + [("status", s) for s in statuses]
+        params += [(n, v) for n, v in (("since", since), ("until", until)) if v is not None]
+        page: Page[AlertOut] = self._request("GET", "/alerts", params=params)
+        return page
+
+    def iter_alerts(
+        self,
+        *,
+        offset: int = 0,
+        page_size: int = MAX_PAGE,
+        on_page: Callable[[int, int], None] | None = None,
+        **filters: Any,
+    ) -> Iterator[AlertOut]:
+        """Every alert matching ``filters`` (those of :meth:`alerts`) from ``offset`` on, page
+        after page.
+
+        ``on_page(fetched, expected)`` is called after each page. An alert pushed onto the next
+        page while they are fetched (a newer one came) is given once.
+        """
+        yield from self._pages(
+            lambda limit, start: self.alerts(limit=limit, offset=start, **filters),
+            offset,
+            page_size,
+            on_page,
+        )
+
+    def alert(self, alert_id: str) -> AlertOut:
+        """One alert with its evidence."""
+        found: AlertOut = self._request("GET", f"/alerts/{_segment(alert_id, 'alert')}")
+        return found
+
+    def change_alert_status(self, alert_id: str, status: str, by: str | None) -> AlertOut:
+        """Move an alert along its life cycle (needs the token when the API has one)."""
+        changed: AlertOut = self._request(
+            "PATCH", f"/alerts/{_segment(alert_id, 'alert')}", body={"status": status, "by": by}
+        )
+        return changed
+
+    # -- deliveries and actions --
+
+    def deliveries(
+        self,
+        *,
+        alert_id: str | None = None,
+        status: str | None = None,
+        destination: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[DeliveryOut]:
+        """Outbox rows, newest first."""
+        params: Params = [("limit", limit), ("offset", offset)]
+        for name, value in (
+            ("alert_id", alert_id),
+            ("status", status),
+            ("destination", destination),
+        ):
+            if value:
+                params.append((name, value))
+        page: Page[DeliveryOut] = self._request("GET", "/deliveries", params=params)
+        return page
+
+    def actions(
+        self,
+        *,
+        alert_id: str | None = None,
+        machine: str | None = None,
+        job: str | None = None,
+        outcome: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[AuditOut]:
+        """The action audit trail, newest first."""
+        params: Params = [("limit", limit), ("offset", offset)]
+        filters = (("alert_id", alert_id), ("machine", machine), ("job", job), ("outcome", outcome))
+        params += [(name, value) for name, value in filters if value]
+        page: Page[AuditOut] = self._request("GET", "/actions", params=params)
+        return page
+
+    def breaker(self) -> BreakerOut:
+        """The actions circuit breaker."""
+        state: BreakerOut = self._request("GET", "/breaker")
+        return state
+
+    def reset_breaker(self, by: str) -> BreakerOut:
+        """Let Minder act again (needs the token when the API has one; idempotent)."""
+        state: BreakerOut = self._request("POST", "/breaker/reset", body={"by": by})
+        return state
+
+    # -- plumbing --
+
+    @staticmethod
+    def _pages(
+        fetch: Callable[[int, int], Page[T]],
+        start: int,
+        page_size: int,
+        on_page: Callable[[int, int], None] | None,
+    ) -> Iterator[T]:
+        seen: set[Any] = set()
+        offset = start
+        while True:
+            page = fetch(page_size, offset)
+            items = page["items"]
+            for item in items:
+                key = item.get("id") if isinstance(item, Mapping) else None
+                if key is None or key not in seen:
+                    seen.add(key)
+                    yield item
+            offset += len(items)
+            expected = max(page["total"] - start, 0)
+            if on_page is not None:
+                on_page(min(offset - start, expected), expected)
+            if not items or offset >= page["total"]:
+                return
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        import httpx  # noqa: PLC0415
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        where = f"{self.url}{API_PREFIX}{path}"
+        try:
+            response = self._http.request(method, path, params=params, json=body, headers=headers)
+        except httpx.TimeoutException:
+            raise ApiUnreachableError(
+                f"the Minder API at {self.url} did not answer within {self.timeout:g} s "
+                "(--timeout to wait longer)"
+            ) from None
+        except httpx.HTTPError as exc:
+            reason = one_line(str(exc) or type(exc).__name__, 160)
+            raise ApiUnreachableError(
+                f"cannot reach the Minder API at {self.url}: {reason}"
+            ) from None
+        if response.is_success:
+            try:
+                return response.json()
+            except ValueError:
+                raise ApiError(
+                    f"HTTP {response.status_code} from {method} {where} is not JSON: "
+                    f"{one_line(response.text) or '(empty)'}",
+                    response.status_code,
+                ) from None
+        self._raise(method, where, response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _raise(self, method: str, where: str, response: httpx.Response) -> NoReturn:
+        status = response.status_code
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        detail = _detail(body)
+        shown = one_line(detail) if detail else one_line(response.text) or "(empty answer)"
+        if status == 401:
+            if self.token is None:
+                raise ApiUnauthorizedError(
+                    f"{method} {where} needs --token / {API_TOKEN_ENV} (HTTP 401: {shown})", status
+                )
+            raise ApiUnauthorizedError(
+                f"the API refused the token of --token / {API_TOKEN_ENV} (HTTP 401: {shown})",
+                status,
+            )
+        if status == 404 and detail and detail != "Not Found":
+            raise ApiNotFoundError(detail, status)
+        if status == 404:
+            raise ApiNotFoundError(
+                f"HTTP 404 from {method} {where}: is {self.url} Minder's API (--api)?", status
+            )
+        if status == 409 and isinstance(body, Mapping):
+            allowed = [str(s) for s in body.get("allowed") or ()]
+            current, requested = body.get("current"), body.get("requested")
+            raise ApiConflictError(
+                detail or f"HTTP 409 from {method} {where}",
+                None if current is None else str(current),
+                None if requested is None else str(requested),
+                allowed,
+            )
+        if status == 422 and detail:
+            raise ApiError(f"the API refused the request: {detail}", status)
+        raise ApiError(f"HTTP {status} from {method} {where}: {shown}", status)
+
+
+def _segment(value: str, what: str) -> str:
+    """``value`` as one path segment of ``what`` (an id with ``/`` cannot reach another
+    endpoint: the server decodes ``%2F`` before routing, so no such entity can be addressed)."""
+    if value in ("", ".", "..") or "/" in value:
+        raise ApiNotFoundError(f"no {what} with id {value!r}", 404)
+    return quote(value, safe="")
+
+
+# -- what the operator commands share ---------------------------------------------------------
+
+ApiUrlOption = Annotated[
+    str,
+    typer.Option(
+        "--api",
+        envvar=API_URL_ENV,
+        help="URL of Minder's API",
+        rich_help_panel="Connection",
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=[API_TOKEN_ENV, SERVER_TOKEN_ENV],
+        help="bearer token of changes (the server's MINDER_API__TOKEN)",
+        show_default=False,
+        rich_help_panel="Connection",
+    ),
+]
+TimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--timeout", min=0.1, help="seconds to wait for the API", rich_help_panel="Connection"
+    ),
+]
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table or json")]
+
+
+@contextmanager
+def connect(url: str, token: str | None, timeout: float) -> Iterator[MinderApi]:
+    """A client of the API at ``url``; an :class:`ApiError` inside exits 2 with its one line."""
+    try:
+        with MinderApi(url, token=token, timeout=timeout) as api:
+            yield api
+    except ApiError as exc:
+        raise fail(exc) from None
+
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_time(value: str, option: str, *, now: float | None = None) -> float:
+    """Unix seconds from ``1717000000``, an ISO 8601 time (UTC unless it says) or ``2h`` (ago).
+
+    Raises the CLI's one-line exit when ``value`` is none of those.
+    """
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _AGO.match(text.lower())
+    if match:
+        reference = time.time() if now is None else now
+        return reference - float(match.group(1)) * _UNIT_S[match.group(2)]
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise fail(
+            f"{option} {one_line(value, 60)!r}: expected unix seconds, an ISO 8601 time "
+            "(2024-05-01T12:00:00Z) or a duration ago (30m, 2h, 7d)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def when(ts: float | None) -> str:
+    """``YYYY-MM-DD HH:MM:SS`` (UTC) of a unix time, ``-`` for none."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short_json(value: Any, limit: int = 120) -> str:
+    """``value`` as compact JSON (strings as they are) on one line, cut to ``limit``."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
+    return one_line(text, limit)
