@@ -9,27 +9,13 @@
 #
 # Usage: .ci/install-alertmanager.sh
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 BINARY=/usr/bin/prometheus-alertmanager
 
 if [ ! -x "$BINARY" ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "install-alertmanager: need root for apt-get install prometheus-alertmanager" >&2
-        exit 2
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    policy=/usr/sbin/policy-rc.d
-    created_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' > "$policy"
-        chmod 0755 "$policy"
-        created_policy=1
-    fi
-    trap 'if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi' EXIT
-    if ! apt-get install -y --no-install-recommends prometheus-alertmanager; then
-        apt-get update -qq
-        apt-get install -y --no-install-recommends prometheus-alertmanager
-    fi
+    apt_install_quietly prometheus-alertmanager
 fi
 
 echo "== alertmanager"

