@@ -1,4 +1,4 @@
-"""``minder-service``: health of the detection service (Kafka consumption, detection, delivery)."""
+"""``minder-service``: the detection service (Kafka consumption, detection, outbox, actions)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def build() -> dashboard.Dashboard:
             UID,
             TITLE,
             "The Minder detection service: scrape health, Kafka consumption and lag, decode "
-            "failures and dead letters, detection time and alert deliveries.",
+            "failures and dead letters, detection time, outbox deliveries and scheduler "
+            "actions.",
         )
         .with_variable(
             textbox_variable(
@@ -140,22 +141,38 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             timeseries_panel(
-                "Decode failures, dead letters and rejected batches",
+                "Assigned partitions per replica",
+                "Partitions of the metrics topic each replica owns in the consumer group. "
+                "Summed over the replicas it equals the topic's partition count; a replica at "
+                "0 is idle (more replicas than partitions), a dip is a rebalance (a replica "
+                "started or stopped).",
+                queries(("max by (instance) (minder_assigned_partitions)", "{{instance}}")),
+                unit="none",
+                decimals=0,
+                min_val=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Decode failures, dead letters, rejected batches, retried polls",
                 "Per second, by reason: messages that could not be decoded, messages written "
-                "to the dead-letter topic, and decoded batches the service refused. Normally "
-                "all 0; a rising reason names what is wrong (an agent of another version, a "
-                "clock far off, corrupt data). Dead letters raise MinderDeadLettersRising.",
+                "to the dead-letter topic, decoded batches the service refused (future_timestamp: "
+                "a node's clock is far ahead), and polls consumed again because detection raised "
+                "or a dead letter could not be written. Normally all 0; a rising line names what "
+                "is wrong (an agent of another version, a clock far off, corrupt data, a bug). "
+                "Dead letters raise MinderDeadLettersRising.",
                 queries(
                     (_rate("minder_decode_failures_total", "reason"), "decode failure: {{reason}}"),
                     (_rate("minder_dead_letters_total", "reason"), "dead letter: {{reason}}"),
                     (_rate("minder_batches_rejected_total", "reason"), "rejected: {{reason}}"),
+                    (_rate("minder_handler_failures_total"), "poll retried: detection raised"),
+                    (_rate("minder_deadletter_failures_total"), "poll retried: dead letter unsent"),
                 ),
                 unit="cps",
                 min_val=0,
-                span=24,
             )
         )
-        .with_row(row("Detection and delivery"))
+        .with_row(row("Detection"))
         .with_panel(
             timeseries_panel(
                 "Evaluation time",
@@ -180,19 +197,129 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             timeseries_panel(
-                "Alert deliveries",
-                "Alert deliveries per minute by sink (store, webhook ...) and outcome. Any "
-                "outcome other than ok/accepted means alerts do not reach that sink: check its "
-                "endpoint (MinderAlertDeliveriesFailing).",
+                "Alerts stored and suppressed",
+                "Per minute: new alerts written to the alert store by outcome (ok; error: the "
+                "write failed and is retried; dropped: too many alerts waited for a failing "
+                "store and the oldest was lost), and alerts not raised because their machine "
+                "already has an open alert (the same episode). Every stored alert is then "
+                "delivered through the outbox below.",
                 queries(
                     (
-                        f"60 * sum by (sink, outcome) "
-                        f"(rate(minder_alert_deliveries_total[{PER_SECOND}]))",
-                        "{{sink}} {{outcome}}",
+                        "60 * sum by (outcome) (rate(minder_alert_deliveries_total"
+                        f'{{sink="store"}}[{PER_SECOND}]))',
+                        "store: {{outcome}}",
+                    ),
+                    (
+                        f"60 * sum (rate(minder_alerts_suppressed_total[{PER_SECOND}]))",
+                        "suppressed (machine already alerted)",
+                    ),
+                ),
+                unit="epm",
+                min_val=0,
+            )
+        )
+        .with_row(row("Outbox deliveries"))
+        .with_panel(
+            timeseries_panel(
+                "Deliveries by destination and outcome",
+                "Outbox delivery attempts per minute, all replicas, by destination (kafka, "
+                "webhook:<name>, alertmanager, action:<target>) and outcome: delivered; retry "
+                "(the receiver failed or timed out, tried again with backoff); expired (given "
+                "up: refused for good or past its time to live); held (not due yet: an action "
+                "waits until its alert has stayed open for the hold of its kind; no attempt is "
+                "counted). Retries that keep coming raise "
+                "MinderDeliveriesFailing, expiries MinderDeliveriesExpired.",
+                queries(
+                    (
+                        "60 * sum by (destination, outcome) "
+                        f"(rate(minder_outbox_deliveries_total[{PER_SECOND}]))",
+                        "{{destination}} {{outcome}}",
                     )
                 ),
                 unit="epm",
                 min_val=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Pending deliveries per destination",
+                "Outbox rows not delivered yet, per destination (read from the database, the "
+                "same on every replica). Near 0 is healthy; a destination whose backlog only "
+                "grows has a receiver that is down or refuses (see its retries on the left).",
+                queries(("max by (destination) (minder_outbox_pending)", "{{destination}}")),
+                unit="short",
+                decimals=0,
+                min_val=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Oldest pending delivery",
+                "Age of the oldest undelivered row per destination (0 when none). Rows held "
+                "on purpose before an action wait up to the hold of their alert kind (120 s "
+                "by default); past 600 s (dashed) MinderDeliveryBacklog fires: that receiver "
+                "hears of new alerts late or not at all.",
+                queries(
+                    (
+                        "max by (destination) (minder_outbox_oldest_pending_age_seconds)",
+                        "{{destination}}",
+                    )
+                ),
+                unit="s",
+                min_val=0,
+                threshold_steps=((None, "green"), (600, "red")),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Expired deliveries per destination",
+                "Outbox rows given up per destination (permanently refused, or not delivered "
+                "within the delivery time to live, 24 h by default). Each step up is an alert "
+                "event that destination never received: find it in the API's deliveries and "
+                "fix the receiver (MinderDeliveriesExpired).",
+                queries(("max by (destination) (minder_outbox_expired)", "{{destination}}")),
+                unit="short",
+                decimals=0,
+                min_val=0,
+            )
+        )
+        .with_row(row("Scheduler actions"))
+        .with_panel(
+            timeseries_panel(
+                "Actions by operation and outcome",
+                "Scheduler action decisions per minute (drain/resume on Slurm, cordon/uncordon "
+                "on Kubernetes) by outcome: applied, unchanged (the node was already so), "
+                "dry_run (log-only mode: audited, nothing executed), failed (the scheduler "
+                "command failed; retried when the error is transient), skipped_policy (alert "
+                "kind not acted on, or alert no longer open), skipped_opt_out (the job opted "
+                "out), skipped_breaker. No data when actions are not configured "
+                "(MINDER_ACTIONS__TARGET=none) or before the first decision.",
+                queries(
+                    (
+                        "60 * sum by (operation, outcome) "
+                        f"(rate(minder_actions_total[{PER_SECOND}]))",
+                        "{{operation}} {{outcome}}",
+                    )
+                ),
+                unit="epm",
+                min_val=0,
+                span=18,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Actions circuit breaker",
+                "TRIPPED (red) when too many machines were taken out within the breaker's "
+                "window (per job or share of the fleet): no action is taken until an operator "
+                "resets the breaker through the API (MinderActionsBreakerTripped). No data "
+                "when actions are not configured.",
+                queries(("max(minder_actions_breaker_tripped)", "breaker")),
+                unit="none",
+                span=6,
+                height=8,
+                graph=False,
+                mappings=[value_text({"0": ("closed", "green"), "1": ("TRIPPED", "red")})],
+                threshold_steps=((None, "green"), (1, "red")),
             )
         )
     )

@@ -100,8 +100,18 @@ class ActionExecutor:
         self.on_enqueued = on_enqueued
         self.clock = clock
         if metrics is not None:
-            with sessions() as session:
-                metrics.breaker.set(1 if get_breaker(session, BREAKER).tripped else 0)
+            for operation in (self._operation(undo=False), self._operation(undo=True)):
+                for outcome in ActionOutcomeKind:
+                    metrics.actions.labels(self.target, operation, outcome.value)
+            self.refresh_gauges()
+
+    def refresh_gauges(self) -> None:
+        """``minder_actions_breaker_tripped`` from the database: a reset through the API (or a
+        trip by another replica) shows within one refresh."""
+        if self.metrics is None:
+            return
+        with self.sessions() as session:
+            self.metrics.breaker.set(1 if get_breaker(session, BREAKER).tripped else 0)
 
     def destination_spec(self, *, ttl_s: float = 24 * 3600.0) -> Destination:
         """What this executor subscribes to, with the policy's holds per alert kind."""

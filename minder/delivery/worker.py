@@ -284,8 +284,10 @@ class DeliveryHub:
         metrics: DeliveryMetrics | None = None,
         *,
         gauge_every_s: float = 5.0,
+        gauges: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.workers = list(workers)
+        self.gauges = list(gauges)
         self.sessions = sessions
         self.metrics = metrics
         self.gauge_every_s = gauge_every_s
@@ -300,7 +302,10 @@ class DeliveryHub:
             worker.wake()
 
     def refresh_gauges(self) -> None:
-        """Pending, oldest pending age and expired rows per destination, from the database."""
+        """Pending, oldest pending age and expired rows per destination, from the database, and
+        the other gauges registered with the hub."""
+        for refresh in self.gauges:
+            refresh()
         if self.metrics is None:
             return
         names = [w.destination for w in self.workers]

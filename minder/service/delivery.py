@@ -178,7 +178,8 @@ def build_delivery(
         DeliveryWorker(sender, sessions, metrics=delivery_metrics, backoff=backoff)
         for _, sender in senders
     ]
-    hub = DeliveryHub(workers, sessions, delivery_metrics)
+    gauges = [executor.refresh_gauges] if executor is not None else []
+    hub = DeliveryHub(workers, sessions, delivery_metrics, gauges=gauges)
     hub_ref.append(hub)
     refresher = None
     if am is not None:

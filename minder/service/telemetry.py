@@ -18,8 +18,6 @@ from minder.core.alert import AlertKind
 JOB_LABEL = "job_id"
 """The label that names Minder's job (``job`` belongs to Prometheus' scrape configuration)."""
 
-DELIVERY_OUTCOMES = ("ok", "accepted", "error", "dropped")
-
 
 class ServiceMetrics:
     """The service's own metrics, registered in one registry (one per service instance)."""
@@ -143,13 +141,13 @@ class ServiceMetrics:
         )
         for kind in AlertKind:
             self.alerts.labels(kind=kind.value)
+        self.batches_rejected.labels(reason="future_timestamp")
+        self.init_store()
 
-    def init_sinks(self, names: list[str]) -> None:
-        """Export every sink's deliveries from the start (at 0), so rates exist before alerts."""
-        for name in names:
-            for outcome in ("accepted", "error"):
-                self.alert_deliveries.labels(sink=name, outcome=outcome)
-        for outcome in ("ok", "error"):
+    def init_store(self) -> None:
+        """Export the alert store's outcomes from the start (at 0), so rates exist before
+        alerts."""
+        for outcome in ("ok", "error", "dropped"):
             self.alert_deliveries.labels(sink="store", outcome=outcome)
 
     def init_reasons(self, reasons: tuple[str, ...]) -> None:

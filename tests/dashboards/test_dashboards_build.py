@@ -59,6 +59,18 @@ SERVICE_METRICS = {
     "minder_whatif_verdict_info",
     "minder_whatif_reports_total",
     "minder_build_info",
+    "minder_assigned_partitions",
+    "minder_handler_failures_total",
+    "minder_deadletter_failures_total",
+    "minder_alerts_suppressed_total",
+    # the outbox (minder.delivery.worker.DeliveryMetrics)
+    "minder_outbox_deliveries_total",
+    "minder_outbox_pending",
+    "minder_outbox_oldest_pending_age_seconds",
+    "minder_outbox_expired",
+    # scheduler actions, when configured (minder.actions.executor.ActionMetrics)
+    "minder_actions_total",
+    "minder_actions_breaker_tripped",
 }
 AGENT_METRICS = {
     "minder_agent_info",
@@ -248,6 +260,11 @@ def test_every_metric_queried_is_in_the_contract() -> None:
         "minder_whatif_verdict_info",
         "minder_agent_spool_max_bytes",
         "minder_agent_collect_seconds",
+        "minder_outbox_deliveries_total",
+        "minder_outbox_pending",
+        "minder_outbox_oldest_pending_age_seconds",
+        "minder_actions_total",
+        "minder_actions_breaker_tripped",
     ):
         assert metric in used, metric
 

@@ -86,11 +86,36 @@ class ServiceCollector:
         yield score
         yield _counter("minder_alerts", [{"kind": "similarity"}, {"kind": "rule"}], 0.05)
         yield _gauge("minder_open_alerts", {"job_id": JOB, "kind": "similarity"}, 1)
+        yield _counter("minder_alert_deliveries", [{"sink": "store", "outcome": "ok"}], 0.05)
+        yield _counter("minder_alerts_suppressed", [{}], 0.01)
+        yield _gauge("minder_assigned_partitions", {}, 2)
+        yield _counter("minder_handler_failures", [{}], 0.0)
+        yield _counter("minder_deadletter_failures", [{}], 0.0)
+        destinations = ["kafka", "webhook:ops", "action:slurm"]
         yield _counter(
-            "minder_alert_deliveries",
-            [{"sink": "store", "outcome": "ok"}, {"sink": "webhook", "outcome": "accepted"}],
+            "minder_outbox_deliveries",
+            [
+                {"destination": d, "outcome": o}
+                for d in destinations
+                for o in ("delivered", "retry")
+            ],
             0.05,
         )
+        for name, value in (
+            ("minder_outbox_pending", 1.0),
+            ("minder_outbox_oldest_pending_age_seconds", 3.0),
+            ("minder_outbox_expired", 0.0),
+        ):
+            family = GaugeMetricFamily(name, name, labels=["destination"])
+            for destination in destinations:
+                family.add_metric([destination], value)
+            yield family
+        yield _counter(
+            "minder_actions",
+            [{"target": "slurm", "operation": "drain", "outcome": "dry_run"}],
+            0.01,
+        )
+        yield _gauge("minder_actions_breaker_tripped", {}, 0)
         yield _gauge("minder_jobs", {}, 1)
         yield _gauge("minder_machines", {}, len(MACHINES))
         yield _gauge("minder_job_machines", {"job_id": JOB}, len(MACHINES))

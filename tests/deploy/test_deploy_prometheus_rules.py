@@ -41,6 +41,12 @@ SERVICE_METRICS = {
     "minder_job_last_evaluation_timestamp_seconds",
     "minder_evaluation_seconds",
     "minder_whatif_slowdown",
+    "minder_outbox_deliveries_total",
+    "minder_outbox_pending",
+    "minder_outbox_oldest_pending_age_seconds",
+    "minder_outbox_expired",
+    "minder_actions_total",
+    "minder_actions_breaker_tripped",
 }
 AGENT_METRICS = {
     "minder_agent_info",
@@ -62,6 +68,10 @@ REQUIRED_ALERTS = {
     "MinderNoDataFromJob",
     "MinderAgentDown",
     "MinderServiceDown",
+    "MinderDeliveriesFailing",
+    "MinderDeliveryBacklog",
+    "MinderDeliveriesExpired",
+    "MinderActionsBreakerTripped",
 }
 SEVERITIES = {"critical", "warning", "info"}
 SCRAPE_JOBS = {"minder", "minder-agent"}
@@ -221,9 +231,14 @@ def _exported_names(registry: Any) -> set[str]:
 def test_rules_use_metrics_the_exporters_really_export() -> None:
     """The rules against the /metrics of the service and of an agent with a sender."""
     from collectors.agent import Agent, AgentExporter, SenderCounters
+    from minder.actions.executor import ActionMetrics
+    from minder.delivery.worker import DeliveryMetrics
     from minder.service.telemetry import ServiceMetrics
 
-    exported = _exported_names(ServiceMetrics().registry)
+    service = ServiceMetrics()
+    DeliveryMetrics(service.registry)  # registered by the service's outbox
+    ActionMetrics(service.registry)  # registered when scheduler actions are configured
+    exported = _exported_names(service.registry)
     agent = Agent([], job="job-1", node="node-1", labels={})
     agent.collect_once(time.time())  # some series exist only after a collection
     exporter = AgentExporter(agent)

@@ -207,6 +207,13 @@ def test_the_breaker_trips_at_its_bound_in_a_fault_storm(sessions: SessionFactor
     tripped = [e for e in events if e.event == "breaker.tripped"]
     assert len(tripped) == 1 and tripped[0].payload["data"]["refused"]["machine"] == "j-n0003"
     assert h.registry.get_sample_value("minder_actions_breaker_tripped") == 1
+    assert (
+        h.registry.get_sample_value(
+            "minder_actions_total",
+            {"target": "slurm", "operation": "drain", "outcome": "skipped_opt_out"},
+        )
+        == 0
+    )  # every outcome exists from the start
     # tripped: no other job is acted on either, until an operator resets it
     h.raise_alert("k-n0001", job="k")
     h.run()
@@ -217,6 +224,8 @@ def test_the_breaker_trips_at_its_bound_in_a_fault_storm(sessions: SessionFactor
     assert h.actuator.undone == [("j-n0000", storm[0].id)]
     with sessions.begin() as session:
         assert reset_breaker(session, BREAKER, by="ops")
+    h.executor.refresh_gauges()  # what the delivery hub does every few seconds
+    assert h.registry.get_sample_value("minder_actions_breaker_tripped") == 0
     h.raise_alert("k-n0002", job="k")
     h.run()
     assert h.actuator.applied[-1][0] == "k-n0002"
