@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Self, get_origin
 
@@ -183,6 +184,9 @@ class DeliverySettings(BaseModel):
     ttl_s: float = Field(24 * 3600.0, gt=0, description="a delivery is retried this long")
     backoff_base_s: float = Field(1.0, gt=0)
     backoff_cap_s: float = Field(60.0, gt=0, description="longest wait between two attempts")
+    retain_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="delivered and expired events are kept this long"
+    )
 
 
 class ActionSettings(BaseModel):
@@ -244,19 +248,40 @@ class Settings(BaseSettings):
             raise SettingsError(_describe_unparsable(cls, exc)) from None
 
 
+_SECRET_PARTS = ("secret", "token", "password")
+
+
+def _shown(variable: str, value: object) -> str:
+    """A value as an error message may show it: secrets hidden, passwords out of URLs, short."""
+    if any(part in variable.lower() for part in _SECRET_PARTS):
+        return "<hidden>"
+    if isinstance(value, dict | list | tuple):
+        return "<a JSON value>"  # may hold secrets (webhook endpoints): never echoed
+    text = value if isinstance(value, str | int | float | bool) else str(value)
+    shown = re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", str(text))
+    shown = repr(shown if isinstance(text, str) else text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 def describe_settings_error(exc: PydanticValidationError) -> str:
-    """One line per :class:`Settings` validation error: the variable, its value, what is allowed."""
+    """One line per :class:`Settings` validation error: the variable, its value, what is allowed.
+
+    An item of a list is named by its index (``MINDER_WEBHOOK__ENDPOINTS[0].url``); secret values
+    and the password of a URL are never shown.
+    """
     problems = []
     for error in exc.errors(include_url=False):
-        location = [str(part) for part in error.get("loc", ()) if not isinstance(part, int)]
-        variable = ENV_PREFIX + ENV_DELIMITER.join(location).upper() if location else "MINDER_*"
-        value = error.get("input")
-        shown = value if isinstance(value, str | int | float | bool) else str(value)
-        text = repr(shown)
-        if len(text) > 80:
-            text = text[:77] + "..."
+        variable = ENV_PREFIX.rstrip("_")
+        for position, part in enumerate(error.get("loc", ())):
+            if isinstance(part, int):
+                variable += f"[{part}]"
+            elif position == 0 or "[" not in variable:
+                variable += ("_" if position == 0 else ENV_DELIMITER) + str(part).upper()
+            else:
+                variable += f".{part}"
         message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-        problems.append(f"{variable}={text}: {message[:1].lower()}{message[1:]}")
+        shown = _shown(variable, error.get("input"))
+        problems.append(f"{variable}={shown}: {message[:1].lower()}{message[1:]}")
     return "bad setting " + "; ".join(problems) if problems else f"bad settings: {exc}"
 
 
@@ -278,7 +303,7 @@ def _describe_unparsable(settings: type[BaseSettings], exc: Exception) -> str:
         try:
             json.loads(value)
         except ValueError:
-            shown = repr(value if len(value) <= 80 else value[:77] + "...")
+            shown = _shown(name, value)
             return (
                 f"bad setting {name}={shown}: expected JSON, e.g. "
                 f"{name}='[\"http://receiver:9000/hook\"]' for a list"

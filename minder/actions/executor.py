@@ -24,12 +24,11 @@ from minder.core.alert import Alert, AlertStatus
 from minder.delivery.worker import DeliveryError
 from minder.storage import Session, SessionFactory
 from minder.storage.actions import (
-    ACTED,
     ActionOutcomeKind,
     actions_enabled,
+    apply_modes,
     audit,
     get_breaker,
-    list_audit,
     machines_acted_on,
     trip_breaker,
     watched_machines,
@@ -145,11 +144,12 @@ class ActionExecutor:
             outcome = ActionOutcomeKind.SKIPPED_POLICY
             if why is None and current not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
                 why = f"the alert is {current.value} already: nothing to take out"
+            if why is None and alert.job in self.policy.opt_out_jobs:
+                why = f"job {alert.job} opted out of actions (MINDER_ACTIONS__OPT_OUT_JOBS)"
+                outcome = ActionOutcomeKind.SKIPPED_OPT_OUT
             if why is None and not actions_enabled(session, alert.job):
-                why, outcome = (
-                    f"job {alert.job} opted out of actions",
-                    ActionOutcomeKind.SKIPPED_OPT_OUT,
-                )
+                why = f"job {alert.job} opted out of actions (job settings)"
+                outcome = ActionOutcomeKind.SKIPPED_OPT_OUT
             if why is None:
                 why = self._breaker_refuses(session, alert)
                 outcome = ActionOutcomeKind.SKIPPED_BREAKER
@@ -162,6 +162,9 @@ class ActionExecutor:
                             delivery)  # fmt: skip
                 logger.info("%s", detail)
                 return
+            # Counted by every replica's breaker from now on, before the target answers.
+            self._audit(session, alert, node, operation, ActionOutcomeKind.STARTED,
+                        f"{operation} {node} ({self._reason(alert)})", delivery)  # fmt: skip
         self._act(alert, node, operation, delivery, undo=False)
 
     def _breaker_refuses(self, session: Session, alert: Alert) -> str | None:
@@ -169,7 +172,8 @@ class ActionExecutor:
         state = get_breaker(session, BREAKER, for_update=True)
         if state.tripped:
             return f"circuit breaker tripped ({state.reason}); reset it to act again"
-        since = self.clock() - self.policy.window_s
+        # An operator's reset starts a new window: what was counted before it is forgiven.
+        since = max(self.clock() - self.policy.window_s, state.reset_at or 0.0)
         operation = self._operation(undo=False)
         acted = machines_acted_on(session, since=since, operation=operation)
         key = (alert.job, alert.machine)
@@ -218,21 +222,19 @@ class ActionExecutor:
         node = self.policy.node_of(alert.machine)
         operation = self._operation(undo=True)
         with self.sessions.begin() as session:
-            applied, _ = list_audit(session, alert_id=alert.id, limit=50)
-            acted = [
-                e for e in applied
-                if e.operation == self._operation(undo=False) and e.outcome in ACTED
-            ]  # fmt: skip
-            if not acted:
+            modes = apply_modes(session, alert.id, self._operation(undo=False))
+            if not modes:
                 self._audit(session, alert, node, operation, ActionOutcomeKind.SKIPPED_POLICY,
                             "no action was taken for this alert: nothing to undo",
                             delivery)  # fmt: skip
                 return
-            if acted[0].mode != "enforce" or not self.policy.enforce:
+            if "enforce" not in modes or not self.policy.enforce:
                 detail = f"dry run: would {operation} {node} (alert {alert.status.value})"
                 self._audit(session, alert, node, operation, ActionOutcomeKind.DRY_RUN, detail,
                             delivery)  # fmt: skip
                 return
+        # An apply was sent in enforce mode (even one recorded as failed may have taken effect):
+        # the target returns the node only if Minder's mark for this alert is on it.
         self._act(alert, node, operation, delivery, undo=True)
 
     # -- the target ----------------------------------------------------------------------------

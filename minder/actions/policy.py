@@ -63,9 +63,14 @@ class ActionPolicy:
             raise ValidationError(f"max_fraction is {self.max_fraction}: expected in (0, 1]")
         if self.window_s <= 0:
             raise ValidationError(f"window_s is {self.window_s}: expected > 0")
-        if "{machine}" not in self.node_template:
+        try:
+            formatted = self.node_template.format(machine="node-0001")
+        except (KeyError, IndexError, ValueError):
+            formatted = ""
+        if "{machine}" not in self.node_template or "node-0001" not in formatted:
             raise ValidationError(
-                f"node_template {self.node_template[:60]!r}: expected it to contain '{{machine}}'"
+                f"node_template {self.node_template[:60]!r}: expected a name with '{{machine}}' "
+                "and no other placeholder, e.g. '{machine}' or '{machine}.cluster.local'"
             )
 
     @property
@@ -83,8 +88,6 @@ class ActionPolicy:
                 f"domain alert on {alert.domain}: a shared switch or rack is not drained "
                 "machine by machine"
             )
-        if alert.job in self.opt_out_jobs:
-            return f"job {alert.job} opted out of actions (settings)"
         return None
 
     def node_of(self, machine: str) -> str:

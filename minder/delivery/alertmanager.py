@@ -595,10 +595,15 @@ class AlertmanagerSender:
         *,
         external_url: str | None = None,
         extra_labels: Mapping[str, str] = _NO_LABELS,
+        refresh_s: float = REFRESH_INTERVAL_S,
     ) -> None:
         self.client = client
         self.external_url = external_url
         self.extra_labels = dict(extra_labels)
+        self.refresh_s = refresh_s
+        # Valid for four refreshes: a missed refresh or two does not end an open alert, and an
+        # alert ends by itself soon after Minder stops re-sending it.
+        self.valid_for_s = 4 * refresh_s
 
     def send(self, delivery: Any) -> None:
         """Deliver one outbox row (:class:`minder.storage.outbox.Delivery`)."""
@@ -609,7 +614,12 @@ class AlertmanagerSender:
             return
         alert = Alert.from_dict(data["alert"])
         if delivery.event == "alert.opened":
-            payload = still_open_payload(alert, self.external_url, extra_labels=self.extra_labels)
+            payload = still_open_payload(
+                alert,
+                self.external_url,
+                valid_for_s=self.valid_for_s,
+                extra_labels=self.extra_labels,
+            )
         else:
             payload = to_alertmanager(
                 alert,
@@ -619,12 +629,33 @@ class AlertmanagerSender:
             )
         self.client.push([payload])
 
-    def refresh(self, open_alerts: Sequence[Alert], breaker_reason: str | None = None,
-                breaker_since: float | None = None) -> None:  # fmt: skip
-        """Re-send every open alert (and a tripped breaker) so Alertmanager keeps them."""
+    def refresh(
+        self,
+        open_alerts: Sequence[Alert],
+        breaker_reason: str | None = None,
+        breaker_since: float | None = None,
+        recently_closed: Sequence[tuple[Alert, float]] = (),
+    ) -> None:
+        """Re-send every open alert (and a tripped breaker) so Alertmanager keeps them, and the
+        end of every alert closed within the validity window (``(alert, closed_at)``): a refresh
+        that read an alert as open just before it was resolved must not revive it."""
         payloads = [
-            still_open_payload(alert, self.external_url, extra_labels=self.extra_labels)
+            still_open_payload(
+                alert,
+                self.external_url,
+                valid_for_s=self.valid_for_s,
+                extra_labels=self.extra_labels,
+            )
             for alert in open_alerts
+        ]
+        payloads += [
+            to_alertmanager(
+                alert,
+                ended_at=closed_at,
+                external_url=self.external_url,
+                extra_labels=self.extra_labels,
+            )
+            for alert, closed_at in recently_closed
         ]
         if breaker_reason is not None:
             payloads.append(
@@ -654,7 +685,7 @@ class AlertmanagerSender:
         if ended:
             alert["endsAt"] = rfc3339(time.time())
         else:
-            alert["endsAt"] = rfc3339(time.time() + DEFAULT_VALID_FOR_S)
+            alert["endsAt"] = rfc3339(time.time() + self.valid_for_s)
         return alert
 
     def close(self) -> None:

@@ -95,10 +95,13 @@ class WebhookSender:
     ) -> None:
         self.destination = f"webhook:{name}"
         self.url = url
+        # Errors (kept in the outbox, shown by the API) name the endpoint and its host only:
+        # receivers' URLs often carry a secret in their path or query.
+        parts = httpx.URL(url)
+        self._where = f"{self.destination} ({parts.scheme}://{parts.host}{_port(parts)})"
         self._signers = signers(secrets)
         if not self._signers:
-            logger.warning("webhook %s (%s) has no secret: its deliveries are not signed", name,
-                           url)  # fmt: skip
+            logger.warning("webhook %s has no secret: its deliveries are not signed", name)
         self._client = httpx.Client(
             timeout=httpx.Timeout(timeout_s),
             transport=transport,
@@ -122,7 +125,7 @@ class WebhookSender:
         text = response.text[:MAX_LOGGED_CHARS].replace("\n", " ")
         transient = status not in _PERMANENT
         raise DeliveryError(
-            f"{self.url} answered {status}: {text}",
+            f"{self._where} answered {status}: {text}",
             transient=transient,
             status=status,
             retry_after_s=_retry_after(response),
@@ -130,6 +133,10 @@ class WebhookSender:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _port(url: httpx.URL) -> str:
+    return f":{url.port}" if url.port is not None else ""
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -15,6 +15,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +31,7 @@ from minder.storage.outbox import (
     claim_due,
     mark_delivered,
     mark_failed,
+    release,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,6 +159,7 @@ class DeliveryWorker:
         backoff: Backoff | None = None,
         batch: int = 50,
         lease_s: float = 120.0,
+        send_timeout_s: float = 10.0,
         idle_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -166,12 +169,15 @@ class DeliveryWorker:
         self.metrics = metrics
         self.backoff = backoff or Backoff()
         self.batch = batch
-        self.lease_s = lease_s
+        self.lease_s = max(lease_s, 4 * send_timeout_s)
+        self.send_timeout_s = send_timeout_s
         self.idle_s = idle_s
         self.clock = clock
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.owner = f"{self.destination}/{uuid.uuid4().hex[:12]}"
+        """Who holds this worker's leases (the marks of a row whose lease ran out are ignored)."""
 
     def wake(self) -> None:
         """Look for due rows now instead of after the idle wait (new rows were written)."""
@@ -182,11 +188,22 @@ class DeliveryWorker:
         now = self.clock()
         with self.sessions.begin() as session:
             due = claim_due(
-                session, self.destination, now=now, limit=self.batch, lease_s=self.lease_s
+                session,
+                self.destination,
+                now=now,
+                owner=self.owner,
+                limit=self.batch,
+                lease_s=self.lease_s,
             )
-        for delivery in due:
-            if self._stop.is_set():
-                break  # the leases run out and the next process takes the rows
+        # Rows are sent one after another; stop before a lease could run out mid-send (a slow
+        # receiver), so that no other worker sends the same row, or a later one of its alert,
+        # at the same time.
+        safe_until = now + self.lease_s - 2 * self.send_timeout_s
+        for index, delivery in enumerate(due):
+            if self._stop.is_set() or self.clock() > safe_until:
+                with self.sessions.begin() as session:
+                    release(session, [d.id for d in due[index:]], owner=self.owner)
+                break
             self._send(delivery)
         return len(due)
 
@@ -225,7 +242,9 @@ class DeliveryWorker:
             outcome = "retry" if status is DeliveryStatus.PENDING else "expired"
         else:
             with self.sessions.begin() as session:
-                mark_delivered(session, delivery.id, now=self.clock())
+                if not mark_delivered(session, delivery.id, now=self.clock(), owner=self.owner):
+                    logger.warning("%s: delivery %s was sent after its lease ran out",
+                                   self.destination, delivery.delivery_id)  # fmt: skip
         if self.metrics is not None:
             self.metrics.deliveries.labels(self.destination, outcome).inc()
 
@@ -240,6 +259,7 @@ class DeliveryWorker:
                 retry_at=retry_at,
                 now=self.clock(),
                 count_attempt=count_attempt,
+                owner=self.owner,
             )
 
     def _run(self) -> None:
@@ -264,6 +284,11 @@ class DeliveryWorker:
             target=self._run, name=f"minder-deliver-{self.destination}", daemon=True
         )
         self._thread.start()
+
+    def signal_stop(self) -> None:
+        """Ask the worker to stop after the row it is sending (:meth:`stop` waits for it)."""
+        self._stop.set()
+        self._wake.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop after the row being sent; close the sender."""
@@ -334,8 +359,10 @@ class DeliveryHub:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop every worker (each finishes the row it is sending)."""
+        """Stop every worker (each finishes the row it is sending), all at once."""
         self._stop.set()
+        for worker in self.workers:
+            worker.signal_stop()
         for worker in self.workers:
             worker.stop()
         if self._thread is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ from minder.delivery.webhook import WebhookSender
 from minder.delivery.worker import Backoff, DeliveryHub, DeliveryMetrics, DeliveryWorker, Sender
 from minder.storage import SessionFactory, open_alerts
 from minder.storage.actions import get_breaker
-from minder.storage.outbox import AlertEvent, Destination
+from minder.storage.alerts import closed_alerts_since
+from minder.storage.outbox import AlertEvent, Destination, purge_finished
 from minder.stream.producer import AlertPublisher
 
 logger = logging.getLogger(__name__)
@@ -36,17 +38,20 @@ class Delivery:
     hub: DeliveryHub
     executor: ActionExecutor | None = None
     refresher: Periodic | None = None
+    retention: Periodic | None = None
 
     def start(self) -> None:
-        """Start the workers and the Alertmanager refresher."""
+        """Start the workers, the Alertmanager refresher and the outbox's retention."""
         self.hub.start()
-        if self.refresher is not None:
-            self.refresher.start()
+        for periodic in (self.refresher, self.retention):
+            if periodic is not None:
+                periodic.start()
 
     def stop(self) -> None:
-        """Stop the workers (each finishes the row it is sending) and the refresher."""
-        if self.refresher is not None:
-            self.refresher.stop()
+        """Stop the workers (each finishes the row it is sending) and the periodic tasks."""
+        for periodic in (self.refresher, self.retention):
+            if periodic is not None:
+                periodic.stop()
         self.hub.stop()
 
 
@@ -150,7 +155,11 @@ def build_delivery(
                 timeout_s=settings.alertmanager.timeout_s,
                 bearer_token=settings.alertmanager.bearer_token,
             )
-            am = AlertmanagerSender(client, external_url=settings.api.external_url)
+            am = AlertmanagerSender(
+                client,
+                external_url=settings.api.external_url,
+                refresh_s=settings.alertmanager.refresh_s,
+            )
             closables.append(am.close)
             senders.append((Destination(am.destination, am.events, ttl), am))
         notify = [destination for destination, _ in senders]
@@ -174,8 +183,21 @@ def build_delivery(
         for close in closables:
             close()
         raise
+    # how long one send may take, per destination: the worker's leases cover a batch of them
+    timeouts = {"kafka": 10.0, "alertmanager": settings.alertmanager.timeout_s}
     workers = [
-        DeliveryWorker(sender, sessions, metrics=delivery_metrics, backoff=backoff)
+        DeliveryWorker(
+            sender,
+            sessions,
+            metrics=delivery_metrics,
+            backoff=backoff,
+            send_timeout_s=timeouts.get(
+                sender.destination,
+                settings.webhook.timeout_s
+                if sender.destination.startswith("webhook:")
+                else 30.0,  # scheduler actions: scontrol's and the Kubernetes client's timeouts
+            ),
+        )
         for _, sender in senders
     ]
     gauges = [executor.refresh_gauges] if executor is not None else []
@@ -186,19 +208,34 @@ def build_delivery(
         sender_am = am
 
         def refresh() -> None:
+            # Closed alerts are read after the open ones: one resolved in between is in both,
+            # and its end is pushed after its re-send.
             with sessions() as session:
                 alerts = open_alerts(session)
                 breaker = get_breaker(session, BREAKER)
+                closed = closed_alerts_since(session, time.time() - sender_am.valid_for_s)
+            record_of = {alert.id: alert for alert in closed}
             sender_am.refresh(
-                alerts,
+                [alert for alert in alerts if alert.id not in record_of],
                 breaker.reason if breaker.tripped else None,
                 breaker.tripped_at,
+                [(alert, time.time()) for alert in closed],
             )
 
         refresher = Periodic("alertmanager-refresh", settings.alertmanager.refresh_s, refresh)
+    retain_s = settings.delivery.retain_s
+
+    def purge() -> None:
+        with sessions.begin() as session:
+            removed = purge_finished(session, before=time.time() - retain_s)
+        if removed:
+            logger.info("outbox: %d delivered or expired event(s) older than %.0f s removed",
+                        removed, retain_s)  # fmt: skip
+
     return Delivery(
         destinations=[destination for destination, _ in senders],
         hub=hub,
         executor=executor,
         refresher=refresher,
+        retention=Periodic("outbox-retention", min(3600.0, retain_s), purge),
     )

@@ -25,6 +25,9 @@ from minder.service.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 
+_NAMING_KINDS = frozenset({AlertKind.RULE.value, AlertKind.SILENCE.value})
+"""Open alerts of these kinds name a machine's fault: a similarity alert on it adds nothing."""
+
 
 class AlertSink(Protocol):
     """Somewhere an alert goes (Kafka topic, webhook, console)."""
@@ -298,15 +301,17 @@ class DetectionService:
                         job, len(by_machine))  # fmt: skip
 
     def _already_alerted(self, alert: Alert) -> bool:
-        """The machine has an alert still open: this is the same episode, not a new fault.
+        """A similarity alert on a machine that a hard-fault rule or silence alert already
+        names, still open: the same fault seen by its side effects, not a new one.
 
-        A hard-fault rule is news even so when the open alerts are all soft (similarity,
-        silence, straggler): it confirms and explains them.
+        This is the detector's own "one fault, one alert" (a machine a rule named is not named
+        again by similarity), kept across restarts and takeovers through the store. Any other
+        alert goes to the store, which folds a report of an open alert's key into it.
         """
-        kinds = self._open_by_machine.get(alert.job, {}).get(alert.machine)
-        if not kinds:
+        if alert.kind is not AlertKind.SIMILARITY:
             return False
-        return not (alert.kind is AlertKind.RULE and AlertKind.RULE.value not in kinds)
+        kinds = self._open_by_machine.get(alert.job, {}).get(alert.machine)
+        return bool(kinds and kinds & _NAMING_KINDS)
 
     def _deliver(self, alert: Alert) -> Alert | None:
         if self._already_alerted(alert):

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from minder.core.errors import ValidationError
@@ -26,6 +27,9 @@ class ActionOutcomeKind(StrEnum):
     """Nothing to do: already in the wanted state, or not Minder's to undo."""
     DRY_RUN = "dry_run"
     """Log-only mode: what would have been done."""
+    STARTED = "started"
+    """The request is being sent to the target (written with the breaker's check, so replicas
+    count it before its result is known)."""
     FAILED = "failed"
     """The target refused or could not be reached (retried while transient)."""
     SKIPPED_POLICY = "skipped_policy"
@@ -36,8 +40,16 @@ class ActionOutcomeKind(StrEnum):
     """The circuit breaker is open."""
 
 
-ACTED = (ActionOutcomeKind.APPLIED, ActionOutcomeKind.UNCHANGED, ActionOutcomeKind.DRY_RUN)
+ACTED = (
+    ActionOutcomeKind.APPLIED,
+    ActionOutcomeKind.UNCHANGED,
+    ActionOutcomeKind.DRY_RUN,
+    ActionOutcomeKind.STARTED,
+)
 """Outcomes of an apply that count against the circuit breaker's bounds."""
+
+ATTEMPTED = (*ACTED, ActionOutcomeKind.FAILED)
+"""Outcomes of an apply after which the node may be out of scheduling: an undo is due."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +176,16 @@ def machines_acted_on(
     return {(j, m) for j, m in session.execute(query.distinct())}
 
 
+def apply_modes(session: Session, alert_id: str, operation: str) -> set[str]:
+    """Modes (``enforce``, ``dry_run``) in which an apply was attempted for ``alert_id``."""
+    query = select(ActionAuditRow.mode).where(
+        ActionAuditRow.alert_id == alert_id,
+        ActionAuditRow.operation == operation,
+        ActionAuditRow.outcome.in_([o.value for o in ATTEMPTED]),
+    )
+    return set(session.scalars(query.distinct()))
+
+
 def _entry(row: ActionAuditRow) -> AuditEntry:
     return AuditEntry(
         id=row.id,
@@ -208,8 +230,19 @@ class BreakerState:
 
 
 def get_breaker(session: Session, name: str, *, for_update: bool = False) -> BreakerState:
-    """The breaker ``name`` (closed when never tripped)."""
+    """The breaker ``name`` (closed when never tripped).
+
+    ``for_update`` locks its row until the transaction ends (creating the row first when a
+    database has none), so concurrent checks by several replicas happen one after another.
+    """
     row = session.get(BreakerRow, name, with_for_update=for_update)
+    if row is None and for_update:
+        try:
+            with session.begin_nested():
+                session.add(BreakerRow(name=name, tripped=0, updated_at=time.time()))
+        except IntegrityError:
+            pass  # created concurrently
+        row = session.get(BreakerRow, name, with_for_update=True, populate_existing=True)
     if row is None:
         return BreakerState(name, False, None, None, None, None)
     return _breaker(row)

@@ -339,6 +339,14 @@ def set_alert_status(session: Session, alert_id: str, status: AlertStatus | str)
     StatusTransitionError
         When the life cycle forbids the change; it lists the allowed statuses.
     """
+    return transition_alert_status(session, alert_id, status)[0]
+
+
+def transition_alert_status(
+    session: Session, alert_id: str, status: AlertStatus | str
+) -> tuple[Alert, AlertStatus]:
+    """:func:`set_alert_status`, also returning the status before, read under the row's lock (two
+    concurrent identical changes: one sees the change, the other sees nothing to do)."""
     requested = parse_status(status)
     row = _get_row(session, alert_id, for_update=True)
     current = AlertStatus(row.status)
@@ -351,7 +359,21 @@ def set_alert_status(session: Session, alert_id: str, status: AlertStatus | str)
         row.updated_at = time.time()
         session.flush()
         logger.info("alert %s: %s -> %s", alert_id, current.value, requested.value)
-    return _to_alert(row)
+    return _to_alert(row), current
+
+
+def closed_alerts_since(session: Session, since: float, limit: int = 10_000) -> list[Alert]:
+    """Alerts resolved or dismissed (wall time) at or after ``since``, newest first."""
+    query = (
+        select(AlertRow)
+        .where(
+            AlertRow.status.in_([AlertStatus.RESOLVED.value, AlertStatus.FALSE_POSITIVE.value]),
+            AlertRow.updated_at >= since,
+        )
+        .order_by(AlertRow.updated_at.desc())
+        .limit(limit)
+    )
+    return [_to_alert(row) for row in session.scalars(query)]
 
 
 def active_alert_keys(session: Session, job: str | None = None) -> set[tuple[str, str, str]]:

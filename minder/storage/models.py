@@ -190,6 +190,7 @@ class OutboxRow(Base):
     delivered_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_until: Mapped[float] = mapped_column(Double, default=0.0)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ActionAuditRow(Base):

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session, aliased
 
 from minder.core.alert import Alert, AlertStatus
 from minder.core.errors import ValidationError
-from minder.storage.alerts import get_alert, record_alert, set_alert_status
+from minder.storage.alerts import record_alert, transition_alert_status
 from minder.storage.jsonsafe import json_safe
 from minder.storage.models import OutboxRow
 
@@ -171,7 +171,12 @@ def enqueue(
     for destination in destinations:
         if event not in destination.events:
             continue
-        hold = destination.hold_s.get(alert.kind.value, 0.0) if alert is not None else 0.0
+        # A hold delays acting on a new alert; its end (resolve, dismiss) is never held.
+        hold = (
+            destination.hold_s.get(alert.kind.value, 0.0)
+            if alert is not None and event == AlertEvent.OPENED
+            else 0.0
+        )
         delivery_id = f"msg_{uuid.uuid4().hex}"
         session.add(
             OutboxRow(
@@ -229,9 +234,22 @@ def change_alert_status(
 ) -> Alert:
     """:func:`~minder.storage.alerts.set_alert_status`, plus the event rows of the transition
     (none when the status does not change), in the caller's transaction."""
-    before = get_alert(session, alert_id).status
-    after = set_alert_status(session, alert_id, status)
+    after, before = transition_alert_status(session, alert_id, status)
     if after.status is not before:
+        if after.status not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
+            # The alert ended: an action still held back for it (a similarity alert's hold) is
+            # due now, so the executor records at once that there is nothing to do, and the
+            # end's own rows do not wait behind it.
+            session.execute(
+                update(OutboxRow)
+                .where(
+                    OutboxRow.alert_id == alert_id,
+                    OutboxRow.status == DeliveryStatus.PENDING.value,
+                    OutboxRow.attempts == 0,
+                    OutboxRow.next_attempt_at > (time.time() if now is None else now),
+                )
+                .values(next_attempt_at=time.time() if now is None else now)
+            )
         enqueue(
             session,
             destinations,
@@ -244,53 +262,88 @@ def change_alert_status(
 
 
 def claim_due(
-    session: Session, destination: str, *, now: float, limit: int = 50, lease_s: float = 60.0
+    session: Session,
+    destination: str,
+    *,
+    now: float,
+    owner: str,
+    limit: int = 50,
+    lease_s: float = 60.0,
 ) -> list[Delivery]:
-    """Lease up to ``limit`` due rows of ``destination``, oldest first, keeping per-alert order.
+    """Lease up to ``limit`` due rows of ``destination`` to ``owner``, oldest first.
 
-    A row is due when pending, past ``next_attempt_at`` and not leased by another worker. A row
-    whose alert has an earlier row still pending (not due yet, or leased) waits for it. The lease
-    ends at :func:`mark_delivered` / :func:`mark_failed`, or after ``lease_s`` if the worker died.
+    A row is due when pending, past ``next_attempt_at`` and not leased; of one alert's rows only
+    the oldest pending one can be due, so an alert's events reach a destination in order. Rows
+    past their time to live are expired here, never sent late. The lease ends at
+    :func:`mark_delivered` / :func:`mark_failed` / :func:`release`, or after ``lease_s`` if the
+    worker died; a worker whose lease ran out no longer owns the row (the marks check it).
     """
+    session.execute(
+        update(OutboxRow)
+        .where(
+            OutboxRow.destination == destination,
+            OutboxRow.status == DeliveryStatus.PENDING.value,
+            OutboxRow.expires_at <= now,
+            OutboxRow.lease_until <= now,
+        )
+        .values(status=DeliveryStatus.EXPIRED.value, last_error="time to live ran out")
+    )
+    earlier = aliased(OutboxRow)
+    blocked = (
+        select(earlier.id)
+        .where(
+            earlier.destination == OutboxRow.destination,
+            earlier.alert_id == OutboxRow.alert_id,
+            earlier.status == DeliveryStatus.PENDING.value,
+            earlier.id < OutboxRow.id,
+        )
+        .exists()
+    )
     query = (
         select(OutboxRow)
-        .where(OutboxRow.destination == destination, OutboxRow.status == "pending")
+        .where(
+            OutboxRow.destination == destination,
+            OutboxRow.status == DeliveryStatus.PENDING.value,
+            OutboxRow.next_attempt_at <= now,
+            OutboxRow.lease_until <= now,
+            ~blocked,
+        )
         .order_by(OutboxRow.id)
-        .limit(max(limit * 10, 200))
+        .limit(limit)
         .with_for_update()
     )
-    blocked: set[str] = set()
-    claimed: list[OutboxRow] = []
-    for row in session.scalars(query):
-        ready = row.next_attempt_at <= now and row.lease_until <= now
-        if row.alert_id is not None:
-            if row.alert_id in blocked:
-                continue
-            if not ready:
-                blocked.add(row.alert_id)
-                continue
-            blocked.add(row.alert_id)  # one row of an alert per claim: the next waits for it
-        elif not ready:
-            continue
+    claimed = list(session.scalars(query))
+    for row in claimed:
         row.lease_until = now + lease_s
-        claimed.append(row)
-        if len(claimed) >= limit:
-            break
+        row.lease_owner = owner
     session.flush()
     return [_record(row) for row in claimed]
 
 
-def mark_delivered(session: Session, row_id: int, *, now: float | None = None) -> None:
-    """The row reached its destination."""
+def _owned(session: Session, row_id: int, owner: str | None) -> OutboxRow | None:
     row = session.get(OutboxRow, row_id, with_for_update=True)
-    if row is None or row.status != "pending":
-        return
+    if row is None or row.status != DeliveryStatus.PENDING.value:
+        return None
+    if owner is not None and row.lease_owner != owner:
+        return None  # the lease ran out and another worker took the row over
+    return row
+
+
+def mark_delivered(
+    session: Session, row_id: int, *, now: float | None = None, owner: str | None = None
+) -> bool:
+    """The row reached its destination; False when ``owner`` no longer holds it."""
+    row = _owned(session, row_id, owner)
+    if row is None:
+        return False
     row.status = DeliveryStatus.DELIVERED.value
     row.delivered_at = time.time() if now is None else now
     row.attempts += 1
     row.lease_until = 0.0
+    row.lease_owner = None
     row.last_error = None
     session.flush()
+    return True
 
 
 def mark_failed(
@@ -301,26 +354,49 @@ def mark_failed(
     retry_at: float | None,
     now: float | None = None,
     count_attempt: bool = True,
+    owner: str | None = None,
 ) -> DeliveryStatus:
     """A delivery attempt failed: retry at ``retry_at``, or expire (``None``, or past expiry).
 
     ``count_attempt=False`` reschedules without counting an attempt (the destination asked to
     wait, e.g. a hold that is not over).
     """
-    row = session.get(OutboxRow, row_id, with_for_update=True)
-    if row is None or row.status != "pending":
-        return DeliveryStatus(row.status) if row is not None else DeliveryStatus.EXPIRED
+    row = _owned(session, row_id, owner)
+    if row is None:
+        return DeliveryStatus.PENDING
     wall = time.time() if now is None else now
     if count_attempt:
         row.attempts += 1
     row.last_error = error[:MAX_ERROR_CHARS]
     row.lease_until = 0.0
+    row.lease_owner = None
     if retry_at is None or retry_at >= row.expires_at or wall >= row.expires_at:
         row.status = DeliveryStatus.EXPIRED.value
     else:
         row.next_attempt_at = retry_at
     session.flush()
     return DeliveryStatus(row.status)
+
+
+def release(session: Session, row_ids: Sequence[int], *, owner: str) -> None:
+    """Give back leased rows that were not sent (a stopping worker): due again at once."""
+    if not row_ids:
+        return
+    session.execute(
+        update(OutboxRow)
+        .where(OutboxRow.id.in_(list(row_ids)), OutboxRow.lease_owner == owner)
+        .values(lease_until=0.0, lease_owner=None)
+    )
+
+
+def purge_finished(session: Session, *, before: float) -> int:
+    """Delete delivered and expired rows created before ``before``; returns how many."""
+    result = session.execute(
+        delete(OutboxRow).where(
+            OutboxRow.status != DeliveryStatus.PENDING.value, OutboxRow.created_at < before
+        )
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def list_deliveries(
@@ -363,24 +439,28 @@ def list_deliveries(
 
 @dataclass(frozen=True, slots=True)
 class DestinationBacklog:
-    """Pending and expired rows of one destination."""
+    """Pending and expired rows of one destination (delivered rows are not counted: the table
+    keeps them only until :func:`purge_finished`)."""
 
     pending: int
     oldest_pending_created_at: float | None
     expired: int
-    delivered: int
 
 
 def backlog(
     session: Session, destinations: Iterable[str] | None = None
 ) -> dict[str, DestinationBacklog]:
-    """Per destination: pending rows, the oldest pending row's age, expired and delivered rows."""
-    query = select(
-        OutboxRow.destination,
-        OutboxRow.status,
-        func.count(),
-        func.min(OutboxRow.created_at),
-    ).group_by(OutboxRow.destination, OutboxRow.status)
+    """Per destination: pending rows, the oldest pending row's creation time, expired rows."""
+    query = (
+        select(
+            OutboxRow.destination,
+            OutboxRow.status,
+            func.count(),
+            func.min(OutboxRow.created_at),
+        )
+        .where(OutboxRow.status != DeliveryStatus.DELIVERED.value)
+        .group_by(OutboxRow.destination, OutboxRow.status)
+    )
     if destinations is not None:
         query = query.where(OutboxRow.destination.in_(list(destinations)))
     found: dict[str, dict[str, tuple[int, float | None]]] = {}
@@ -394,7 +474,6 @@ def backlog(
             pending=pending,
             oldest_pending_created_at=oldest_pending,
             expired=by_status.get("expired", (0, None))[0],
-            delivered=by_status.get("delivered", (0, None))[0],
         )
     return out
 

@@ -134,6 +134,7 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
 
             audit = httpx.get(f"{api}/actions", params={"alert_id": alert.id}).json()["items"]
             assert [(e["operation"], e["outcome"], e["mode"]) for e in reversed(audit)] == [
+                ("drain", "started", "enforce"),
                 ("drain", "applied", "enforce"),
                 ("resume", "applied", "enforce"),
             ]

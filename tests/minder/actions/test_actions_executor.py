@@ -105,9 +105,15 @@ class Harness:
             time.sleep(0.02)
 
     def outcomes(self) -> list[tuple[str, str, str]]:
+        """The audit trail, oldest first, without the ``started`` rows; checks that every enforced
+        request to the target was announced by one first."""
         with self.sessions() as session:
             entries, _ = list_audit(session, limit=500)
-        return [(e.machine or "", e.operation, e.outcome) for e in reversed(entries)]
+        trail = [(e.machine or "", e.operation, e.outcome) for e in reversed(entries)]
+        for index, (machine, operation, outcome) in enumerate(trail):
+            if outcome in ("applied", "unchanged", "failed") and operation == "drain":
+                assert (machine, operation, "started") in trail[:index]
+        return [t for t in trail if t[2] != "started"]
 
 
 def test_log_only_is_the_default_and_changes_nothing(sessions: SessionFactory) -> None:
@@ -174,7 +180,7 @@ def test_jobs_opt_out_by_setting_or_through_the_store(sessions: SessionFactory) 
     h.raise_alert("j-n0001")
     h.run()
     assert h.actuator.applied == []
-    assert [o[2] for o in h.outcomes()] == ["skipped_policy", "skipped_opt_out"]
+    assert [o[2] for o in h.outcomes()] == ["skipped_opt_out", "skipped_opt_out"]
 
 
 def test_transient_failures_retry_and_permanent_ones_give_up(sessions: SessionFactory) -> None:
@@ -254,6 +260,47 @@ def test_dry_run_trips_the_breaker_too_so_operators_learn_their_bound(
     assert h.actuator.applied == []
 
 
+def test_an_apply_recorded_as_failed_is_still_undone(sessions: SessionFactory) -> None:
+    # the target timed out but the drain took effect: the undo must still ask the target
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.actuator.fail = ActionError("node j-n0001 not found", transient=False)
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    h.set_status(alert, AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)]
+
+
+def test_undo_finds_the_apply_however_long_the_audit_grew(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    h.set_status(alert, AlertStatus.RESOLVED)
+    for _ in range(60):  # the controller is down for an hour: 60 failed resumes
+        h.actuator.undone.clear()
+        with sessions.begin() as session:
+            from minder.storage.actions import audit
+
+            audit(session, target="slurm", operation="resume", mode="enforce", outcome="failed",
+                  detail="controller down", alert_id=alert.id, job="j", machine="j-n0001")  # fmt: skip
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)]
+
+
+def test_a_reset_starts_a_new_window(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True, max_per_job=2, max_fraction=1.0))
+    for i in range(3):
+        h.raise_alert(f"j-n{i:04d}")
+    h.run()
+    assert len(h.actuator.applied) == 2
+    with sessions.begin() as session:
+        assert reset_breaker(session, BREAKER, by="ops")
+    h.raise_alert("j-n0010")
+    h.raise_alert("j-n0011")
+    h.run()
+    assert [n for n, _ in h.actuator.applied] == ["j-n0000", "j-n0001", "j-n0010", "j-n0011"]
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -262,6 +309,7 @@ def test_dry_run_trips_the_breaker_too_so_operators_learn_their_bound(
         {"max_per_job": 0},
         {"max_fraction": 0},
         {"node_template": "node"},
+        {"node_template": "{machine}.{domain}"},
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_value(kwargs: dict) -> None:

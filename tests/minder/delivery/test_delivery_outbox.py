@@ -34,6 +34,9 @@ from minder.storage.outbox import (
     change_alert_status,
     claim_due,
     list_deliveries,
+    mark_delivered,
+    mark_failed,
+    purge_finished,
     record_alert_with_events,
 )
 
@@ -239,12 +242,57 @@ def test_a_claimed_row_is_leased_and_freed_when_its_lease_runs_out(
     _record(sessions, dest, _alert())
     now = time.time()
     with sessions.begin() as session:
-        first = claim_due(session, "webhook:ops", now=now, lease_s=60)
+        first = claim_due(session, "webhook:ops", now=now, owner="a", lease_s=60)
     with sessions.begin() as session:
-        second = claim_due(session, "webhook:ops", now=now + 1, lease_s=60)
+        second = claim_due(session, "webhook:ops", now=now + 1, owner="b", lease_s=60)
     with sessions.begin() as session:
-        after_lease = claim_due(session, "webhook:ops", now=now + 61, lease_s=60)
+        after_lease = claim_due(session, "webhook:ops", now=now + 61, owner="b", lease_s=60)
     assert len(first) == 1 and second == [] and [r.id for r in after_lease] == [first[0].id]
+    # the first worker's lease ran out: its late marks are ignored, the new owner's count
+    with sessions.begin() as session:
+        assert not mark_delivered(session, first[0].id, owner="a")
+        assert mark_failed(session, first[0].id, error="x", retry_at=None, owner="a") == (
+            DeliveryStatus.PENDING
+        )
+        assert mark_delivered(session, first[0].id, owner="b")
+
+
+def test_held_rows_do_not_starve_due_ones(sessions: SessionFactory) -> None:
+    held = Destination("action:slurm", EVENTS, hold_s={"similarity": 120.0})
+    with sessions.begin() as session:
+        for i in range(600):
+            alert = _alert(f"s{i}")
+            alert.kind = AlertKind.SIMILARITY
+            record_alert_with_events(session, alert, [held])
+        stored, _ = record_alert_with_events(session, _alert("xid"), [held])
+    with sessions.begin() as session:
+        due = claim_due(session, "action:slurm", now=time.time(), owner="w", limit=50)
+    assert [d.alert_id for d in due] == [stored.id]
+
+
+def test_rows_past_their_time_to_live_are_never_sent_late(
+    sessions: SessionFactory, receiver: Receiver
+) -> None:
+    dest = Destination("webhook:ops", EVENTS, ttl_s=0.2)
+    _record(sessions, dest, _alert())
+    time.sleep(0.3)  # the service was down longer than the time to live
+    DeliveryWorker(WebhookSender("ops", receiver.url), sessions, backoff=FAST).run_once()
+    assert receiver.received == []
+    [row] = _rows(sessions)
+    assert row.status is DeliveryStatus.EXPIRED and row.attempts == 0
+
+
+def test_the_end_of_an_alert_is_never_held(sessions: SessionFactory) -> None:
+    held = Destination("action:slurm", EVENTS, hold_s={"rule": 300.0})
+    stored = _record(sessions, held, _alert())
+    [opened] = _rows(sessions)
+    assert opened.next_attempt_at > time.time() + 200
+    with sessions.begin() as session:
+        change_alert_status(session, stored.id, AlertStatus.RESOLVED, [held])
+    # the held action became due (the executor then finds the alert over), and the end too
+    rows = {r.event: r for r in _rows(sessions)}
+    assert rows["alert.opened"].next_attempt_at <= time.time()
+    assert rows["alert.resolved"].next_attempt_at <= time.time()
 
 
 def test_a_new_process_delivers_what_the_last_one_left(
@@ -325,3 +373,16 @@ def test_a_sender_bug_is_retried_and_a_hold_costs_no_attempt(sessions: SessionFa
     [row] = _rows(sessions)
     assert Flaky.calls == 4 and row.status is DeliveryStatus.DELIVERED
     assert row.attempts == 3  # the bug and the failure counted, the hold did not
+
+
+def test_finished_rows_are_purged_after_their_retention(
+    sessions: SessionFactory, receiver: Receiver
+) -> None:
+    dest = Destination("webhook:ops", EVENTS)
+    _record(sessions, dest, _alert("n1"))
+    _drain(DeliveryWorker(WebhookSender("ops", receiver.url), sessions, backoff=FAST))
+    _record(sessions, dest, _alert("n2"))  # still pending: never purged
+    with sessions.begin() as session:
+        assert purge_finished(session, before=time.time() - 3600) == 0
+        assert purge_finished(session, before=time.time() + 1) == 1
+    assert [r.status for r in _rows(sessions)] == [DeliveryStatus.PENDING]

@@ -136,9 +136,16 @@ def test_a_restarted_service_does_not_alert_an_alerted_machine_again(tmp_path: P
         second._deliver(_alert(AlertKind.SIMILARITY, "gpu_power_watts", machine="n3")) is not None
     )
     assert second._deliver(_alert(machine="n3", first_ts=500.0)) is not None
+    # a notify-only alert left open never mutes a machine: a later silence is a new fault
+    assert (
+        second._deliver(_alert(AlertKind.STRAGGLER, "train_step_seconds", machine="n4")) is not None
+    )
+    assert second._deliver(_alert(AlertKind.SILENCE, "silence", machine="n4")) is not None
+    # nor does one rule alert mute another hard fault of the machine
+    assert second._deliver(_alert(AlertKind.RULE, "gpu_ecc_dbe_count", first_ts=600.0)) is not None
     with store.sessions() as session:
         _, total = list_alerts(session, job="j")
-    assert total == 4
+    assert total == 7
 
 
 def test_a_resolved_machine_may_be_alerted_again(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column("delivered_at", sa.Double(), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("lease_until", sa.Double(), nullable=False),
+        sa.Column("lease_owner", sa.String(64), nullable=True),
         sa.CheckConstraint(
             "status IN ('pending', 'delivered', 'expired')", name=op.f("ck_outbox_status")
         ),
@@ -80,6 +81,17 @@ def upgrade() -> None:
         sa.Column("reset_by", sa.String(255), nullable=True),
         sa.Column("updated_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_breakers")),
+    )
+    # The actions breaker exists from the start, so that its row lock serialises the replicas'
+    # breaker checks (SELECT … FOR UPDATE locks nothing on a row that does not exist).
+    op.bulk_insert(
+        sa.table(
+            "breakers",
+            sa.column("name", sa.String),
+            sa.column("tripped", sa.Integer),
+            sa.column("updated_at", sa.Double),
+        ),
+        [{"name": "actions", "tripped": 0, "updated_at": 0.0}],
     )
     op.create_table(
         "job_settings",
