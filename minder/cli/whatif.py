@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
@@ -17,9 +17,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from minder.core.errors import MinderError
-from whatif import Trace, analyze, build_model, load_trace, write_canonical
-from whatif.render import render_html, render_table
-from whatif.timeline import KINDS, timeline_events, write_timeline
+
+if TYPE_CHECKING:  # the analysis (pandas, numpy) is imported only when a command runs
+    from whatif import Trace
 
 whatif_app = typer.Typer(
     name="whatif",
@@ -82,7 +82,17 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+class Replay(StrEnum):
+    """Replays ``minder whatif timeline`` exports (``whatif.timeline.KINDS``)."""
+
+    actual = "actual"
+    original = "original"
+    ideal = "ideal"
+
+
 def _load(trace: list[Path], meta: Path | None) -> Trace:
+    from whatif import load_trace  # noqa: PLC0415
+
     sources = [str(p) for p in trace]
     return load_trace(sources[0] if len(sources) == 1 else sources, meta)
 
@@ -110,6 +120,9 @@ def analyze_command(
     ] = True,
 ) -> None:
     """Replay the trace, estimate the slowdown S, attribute it and give a root-cause verdict."""
+    from whatif import analyze  # noqa: PLC0415
+    from whatif.render import render_html, render_table  # noqa: PLC0415
+
     try:
         loaded = _load(trace, meta)
         with _progress(progress and sys.stderr.isatty()) as update:
@@ -150,8 +163,8 @@ def timeline_command(
         ),
     ] = Path("timeline.json.gz"),
     kinds: Annotated[
-        list[str] | None,
-        typer.Option("--kind", "-k", help=f"Replays to export, of {list(KINDS)} (repeatable)."),
+        list[Replay] | None,
+        typer.Option("--kind", "-k", help="Replays to export (repeatable)."),
     ] = None,
     steps: Annotated[
         list[int] | None, typer.Option("--step", help="Step ids to export (default: all).")
@@ -161,7 +174,10 @@ def timeline_command(
     ] = None,
 ) -> None:
     """Export replayed timelines (actual and ideal by default) as Perfetto/Chrome trace JSON."""
-    chosen = kinds or ["actual", "ideal"]
+    from whatif import build_model  # noqa: PLC0415
+    from whatif.timeline import timeline_events, write_timeline  # noqa: PLC0415
+
+    chosen = [k.value for k in kinds] if kinds else ["actual", "ideal"]
     try:
         model = build_model(_load(trace, meta))
         if steps is None and model.n_ops_total > _TIMELINE_DEFAULT_LIMIT:
@@ -190,6 +206,8 @@ def convert_command(
     meta: MetaOpt = None,
 ) -> None:
     """Convert Kineto traces of a job's ranks into the canonical Parquet + meta YAML."""
+    from whatif import write_canonical  # noqa: PLC0415
+
     try:
         loaded = _load(trace, meta)
         parquet, meta_path = write_canonical(loaded, output)

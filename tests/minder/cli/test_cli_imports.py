@@ -17,6 +17,8 @@ HEAVY = (
     "minder.service",
     "sklearn",
     "pyod",
+    "whatif",
+    "pandas",
 )
 
 PROBE = """
@@ -27,7 +29,7 @@ result = CliRunner().invoke(app, {args!r})
 print(json.dumps({{"code": result.exit_code,
                   "modules": sorted(m for m in sys.modules if m.split(".")[0] in
                                     {{"torch", "minder", "collectors", "detectors", "sklearn",
-                                     "pyod", "whatif", "fastapi", "sqlalchemy"}})}}))
+                                     "pyod", "whatif", "fastapi", "sqlalchemy", "pandas"}})}}))
 """
 
 
@@ -61,6 +63,13 @@ def _heavy(modules: set[str]) -> list[str]:
 )
 def test_help_imports_no_engine_benchmark_agent_or_torch(args: list[str]) -> None:
     assert _heavy(_modules(args)) == []
+
+
+def test_the_timeline_replays_are_the_ones_whatif_exports() -> None:
+    from minder.cli.whatif import Replay
+    from whatif.timeline import KINDS
+
+    assert tuple(r.value for r in Replay) == KINDS
 
 
 def test_the_operator_commands_need_no_database_or_web_framework() -> None:
