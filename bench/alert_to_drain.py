@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import signal
 import statistics
 import sys
 import threading
@@ -239,6 +240,8 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=3.0, help="seconds between fault onsets")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    # A SIGTERM (e.g. `timeout`) unwinds the context managers: no orphaned slurmd or broker.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     reason = skip_reason()
     if reason:
         raise SystemExit(f"cannot run: {reason}")
