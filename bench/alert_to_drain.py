@@ -43,8 +43,9 @@ from minder.service.stack import build_stack
 from minder.stream import BatchProducer, EmbeddedBroker
 from minder.stream.broker import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "minder" / "actions"))
-from slurm_cluster import SlurmCluster, skip_reason
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(_TESTS), str(_TESTS / "minder" / "actions")]  # the test harness of slurmctld
+from slurm_cluster import SlurmCluster, skip_reason  # noqa: E402
 
 SECRET = "whsec_" + base64.b64encode(b"bench-secret-0123456789abcdefghij").decode()
 

@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,25 +29,14 @@ from typing import Any
 
 import pytest
 import yaml
+from server_process import find_binary, log_tail, stop_process, wait_http_ready
+
+from minder.stream.broker import free_port
 
 
 def prometheus_binary() -> str | None:
-    """``$PROMETHEUS_BINARY``, ``prometheus`` on the PATH or ``/usr/bin/prometheus``; or None."""
-    for candidate in (
-        os.environ.get("PROMETHEUS_BINARY"),
-        shutil.which("prometheus"),
-        "/usr/bin/prometheus",
-    ):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """``$PROMETHEUS_BINARY``, ``prometheus`` on the PATH or ``/usr/bin/prometheus``."""
+    return find_binary("PROMETHEUS_BINARY", "prometheus", "/usr/bin/prometheus")
 
 
 @dataclass
@@ -91,39 +76,7 @@ class PrometheusServer:
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of the server's log (for assertion messages)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def _wait_ready(server: PrometheusServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"prometheus exited with status {server.process.returncode} before it was "
-                f"ready:\n{server.log_tail()}"
-            )
-        try:
-            with urllib.request.urlopen(server.url + "/-/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"prometheus not ready after {timeout:g} s:\n{server.log_tail()}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
+        return log_tail(self.log_path, lines)
 
 
 @contextlib.contextmanager
@@ -169,7 +122,7 @@ def prometheus_server(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-        stack.callback(_stop, process)
+        stack.callback(stop_process, process)
         server = PrometheusServer(f"http://127.0.0.1:{port}", process, log_path)
-        _wait_ready(server, ready_timeout)
+        wait_http_ready(process, server.url + "/-/ready", "prometheus", log_path, ready_timeout)
         yield server

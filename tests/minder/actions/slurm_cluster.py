@@ -21,12 +21,10 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -36,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from server_process import stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -134,26 +134,10 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _stop_process(process: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """End a daemon this harness started, and what it forked (its own process group)."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=grace_s)
-    # slurmctld forks slurmscriptd into its group: make sure nothing of the group outlives it.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def _stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
     for process in reversed(processes):
-        _stop_process(process)
+        # a daemon and what it forked (slurmctld's slurmscriptd): its whole process group
+        stop_process(process, group=True)
     processes.clear()
 
 
@@ -306,7 +290,7 @@ class SlurmCluster:
     def stop_controller(self) -> None:
         """Stop ``slurmctld`` (clients then get "Unable to contact slurm controller")."""
         if self._controller is not None:
-            _stop_process(self._controller)
+            stop_process(self._controller, group=True)
             self._processes.remove(self._controller)
             self._controller = None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from alertmanager_server import alertmanager_server
 from prometheus_client import CollectorRegistry
 
 from collectors.sim.output import iter_batches
@@ -28,7 +29,6 @@ from minder.stream.broker import free_port
 # The Alertmanager harness lives beside the delivery tests; pytest puts only this folder on
 # sys.path for these tests.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delivery"))
-from alertmanager_server import alertmanager_server
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -38,6 +35,9 @@ from typing import Any
 
 import pytest
 import yaml
+from server_process import find_binary, log_tail, stop_process, wait_http_ready
+
+from minder.stream.broker import free_port
 
 DEFAULT_BINARY = "/usr/bin/prometheus-alertmanager"
 
@@ -45,22 +45,9 @@ DEFAULT_BINARY = "/usr/bin/prometheus-alertmanager"
 def alertmanager_binary() -> str | None:
     """``$ALERTMANAGER_BINARY``, ``/usr/bin/prometheus-alertmanager``, or ``alertmanager`` /
     ``prometheus-alertmanager`` on the PATH; None when there is none."""
-    for candidate in (
-        os.environ.get("ALERTMANAGER_BINARY"),
-        DEFAULT_BINARY,
-        shutil.which("prometheus-alertmanager"),
-        shutil.which("alertmanager"),
-    ):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return find_binary(
+        "ALERTMANAGER_BINARY", DEFAULT_BINARY, "prometheus-alertmanager", "alertmanager"
+    )
 
 
 @dataclass
@@ -81,43 +68,11 @@ class AlertmanagerServer:
 
     def stop(self) -> None:
         """Stop the server now (a test of an unreachable Alertmanager)."""
-        _stop(self.process)
+        stop_process(self.process)
 
     def log_tail(self, lines: int = 30) -> str:
         """The end of the server's log (for assertion messages)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def _wait_ready(server: AlertmanagerServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"alertmanager exited with status {server.process.returncode} before it was "
-                f"ready:\n{server.log_tail()}"
-            )
-        try:
-            with urllib.request.urlopen(server.url + "/-/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"alertmanager not ready after {timeout:g} s:\n{server.log_tail()}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
+        return log_tail(self.log_path, lines)
 
 
 def alertmanager_config(
@@ -183,9 +138,9 @@ def alertmanager_server(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-        stack.callback(_stop, process)
+        stack.callback(stop_process, process)
         server = AlertmanagerServer(f"http://127.0.0.1:{port}", process, log_path, config_path)
-        _wait_ready(server, ready_timeout)
+        wait_http_ready(process, server.url + "/-/ready", "alertmanager", log_path, ready_timeout)
         yield server
 
 
