@@ -24,6 +24,7 @@ from minder.core.alert import Alert, AlertStatus
 from minder.delivery.worker import DeliveryError
 from minder.storage import Session, SessionFactory
 from minder.storage.actions import (
+    ACTIONS_BREAKER,
     ActionOutcomeKind,
     actions_enabled,
     apply_modes,
@@ -38,7 +39,7 @@ from minder.storage.outbox import AlertEvent, Delivery, Destination, enqueue
 
 logger = logging.getLogger(__name__)
 
-BREAKER = "actions"
+BREAKER = ACTIONS_BREAKER
 """Name of the breaker in front of every scheduler action."""
 
 APPLY_EVENTS = frozenset({AlertEvent.OPENED.value})
@@ -90,6 +91,8 @@ class ActionExecutor:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.actuator = actuator
+        # scontrol's timeout (30 s by default); the Kubernetes client's requests take less
+        self.timeout_s = float(getattr(actuator, "timeout_s", 30.0))
         self.target = actuator.name
         self.destination = f"action:{actuator.name}"
         self.policy = policy

@@ -450,6 +450,7 @@ class AlertmanagerClient:
         if basic_auth is not None and bearer_token:
             raise ValidationError("Alertmanager: give basic_auth or bearer_token, not both")
         self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
         request_headers = {"Accept": "application/json", "User-Agent": f"minder/{__version__}"}
         request_headers.update(headers or {})
         if bearer_token:
@@ -598,6 +599,7 @@ class AlertmanagerSender:
         refresh_s: float = REFRESH_INTERVAL_S,
     ) -> None:
         self.client = client
+        self.timeout_s = client.timeout_s
         self.external_url = external_url
         self.extra_labels = dict(extra_labels)
         self.refresh_s = refresh_s

@@ -19,7 +19,7 @@ class KafkaSender:
 
     def __init__(self, publisher: AlertPublisher, *, ack_timeout_s: float = 10.0) -> None:
         self.publisher = publisher
-        self.ack_timeout_s = ack_timeout_s
+        self.timeout_s = ack_timeout_s
 
     def send(self, delivery: Delivery) -> None:
         failed_before = self.publisher.stats.failed
@@ -31,7 +31,7 @@ class KafkaSender:
             headers.append(("minder-alert-id", delivery.alert_id.encode()))
         try:
             self.publisher.publish(delivery.job or "", delivery.payload, headers=headers)
-            self.publisher.flush(self.ack_timeout_s)
+            self.publisher.flush(self.timeout_s)
         except MinderError as exc:
             raise DeliveryError(f"alerts topic: {exc}", transient=True) from None
         if self.publisher.stats.failed > failed_before:

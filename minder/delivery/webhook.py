@@ -95,6 +95,7 @@ class WebhookSender:
     ) -> None:
         self.destination = f"webhook:{name}"
         self.url = url
+        self.timeout_s = timeout_s
         # Errors (kept in the outbox, shown by the API) name the endpoint and its host only:
         # receivers' URLs often carry a secret in their path or query.
         parts = httpx.URL(url)

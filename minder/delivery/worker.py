@@ -83,6 +83,8 @@ class Sender(Protocol):
     """Delivers one outbox row to one destination."""
 
     destination: str
+    timeout_s: float
+    """The longest one :meth:`send` may take (the worker's leases cover a batch of them)."""
 
     def send(self, delivery: Delivery) -> None:
         """Deliver, or raise :class:`DeliveryError` / :class:`Deferred`."""
@@ -159,7 +161,6 @@ class DeliveryWorker:
         backoff: Backoff | None = None,
         batch: int = 50,
         lease_s: float = 120.0,
-        send_timeout_s: float = 10.0,
         idle_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -169,8 +170,7 @@ class DeliveryWorker:
         self.metrics = metrics
         self.backoff = backoff or Backoff()
         self.batch = batch
-        self.lease_s = max(lease_s, 4 * send_timeout_s)
-        self.send_timeout_s = send_timeout_s
+        self.lease_s = max(lease_s, 4 * sender.timeout_s)
         self.idle_s = idle_s
         self.clock = clock
         self._stop = threading.Event()
@@ -198,7 +198,7 @@ class DeliveryWorker:
         # Rows are sent one after another; stop before a lease could run out mid-send (a slow
         # receiver), so that no other worker sends the same row, or a later one of its alert,
         # at the same time.
-        safe_until = now + self.lease_s - 2 * self.send_timeout_s
+        safe_until = now + self.lease_s - 2 * self.sender.timeout_s
         for index, delivery in enumerate(due):
             if self._stop.is_set() or self.clock() > safe_until:
                 with self.sessions.begin() as session:
@@ -299,6 +299,42 @@ class DeliveryWorker:
         self.sender.close()
 
 
+class Periodic:
+    """Calls ``fn`` every ``interval_s`` from a daemon thread; an exception is logged, not fatal."""
+
+    def __init__(
+        self,
+        name: str,
+        interval_s: float,
+        fn: Callable[[], None],
+        *,
+        failure_level: int = logging.WARNING,
+    ) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.fn = fn
+        self.failure_level = failure_level
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.fn()
+            except Exception as exc:
+                message = (str(exc).splitlines() or [type(exc).__name__])[0][:MAX_LOGGED_CHARS]
+                logger.log(self.failure_level, "%s failed: %s", self.name, message)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"minder-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
 class DeliveryHub:
     """The workers of every destination, plus the backlog gauges."""
 
@@ -316,8 +352,10 @@ class DeliveryHub:
         self.sessions = sessions
         self.metrics = metrics
         self.gauge_every_s = gauge_every_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # a database outage is reported by the workers already: the gauges only log at DEBUG
+        self._gauge_thread = Periodic(
+            "outbox-gauges", gauge_every_s, self.refresh_gauges, failure_level=logging.DEBUG
+        )
         if metrics is not None:
             metrics.init([w.destination for w in self.workers])
 
@@ -344,26 +382,16 @@ class DeliveryHub:
             self.metrics.oldest_pending.labels(name).set(0 if oldest is None else now - oldest)
             self.metrics.expired.labels(name).set(state.expired)
 
-    def _gauges(self) -> None:
-        while not self._stop.wait(self.gauge_every_s):
-            try:
-                self.refresh_gauges()
-            except Exception as exc:
-                logger.debug("outbox gauges not refreshed: %s", exc)
-
     def start(self) -> None:
         """Start every worker and the gauge thread."""
         for worker in self.workers:
             worker.start()
-        self._thread = threading.Thread(target=self._gauges, name="minder-outbox", daemon=True)
-        self._thread.start()
+        self._gauge_thread.start()
 
     def stop(self) -> None:
         """Stop every worker (each finishes the row it is sending), all at once."""
-        self._stop.set()
+        self._gauge_thread.stop()
         for worker in self.workers:
             worker.signal_stop()
         for worker in self.workers:
             worker.stop()
-        if self._thread is not None:
-            self._thread.join(5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,14 @@ from minder.core.errors import MinderError
 from minder.delivery.alertmanager import AlertmanagerClient, AlertmanagerSender
 from minder.delivery.kafka import KafkaSender
 from minder.delivery.webhook import WebhookSender
-from minder.delivery.worker import Backoff, DeliveryHub, DeliveryMetrics, DeliveryWorker, Sender
+from minder.delivery.worker import (
+    Backoff,
+    DeliveryHub,
+    DeliveryMetrics,
+    DeliveryWorker,
+    Periodic,
+    Sender,
+)
 from minder.storage import SessionFactory, open_alerts
 from minder.storage.actions import get_breaker
 from minder.storage.alerts import closed_alerts_since
@@ -53,33 +59,6 @@ class Delivery:
             if periodic is not None:
                 periodic.stop()
         self.hub.stop()
-
-
-class Periodic:
-    """Calls ``fn`` every ``interval_s`` from a daemon thread; an exception is logged, not fatal."""
-
-    def __init__(self, name: str, interval_s: float, fn: Callable[[], None]) -> None:
-        self.name = name
-        self.interval_s = interval_s
-        self.fn = fn
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.fn()
-            except Exception as exc:
-                logger.warning("%s failed: %s", self.name, str(exc).splitlines()[0][:300])
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"minder-{self.name}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
 
 
 def action_policy(settings: Settings) -> ActionPolicy:
@@ -165,7 +144,6 @@ def build_delivery(
         notify = [destination for destination, _ in senders]
         executor = None
         delivery_metrics = DeliveryMetrics(registry)
-        hub_ref: list[DeliveryHub] = []
         if actuator is not None or settings.actions.target != "none":
             target = actuator if actuator is not None else build_actuator(settings)
             executor = ActionExecutor(
@@ -174,7 +152,6 @@ def build_delivery(
                 sessions,
                 notify=notify,
                 metrics=ActionMetrics(registry),
-                on_enqueued=lambda: hub_ref[0].wake() if hub_ref else None,
             )
             senders.append((executor.destination_spec(ttl_s=ttl), executor))
             mode = "ENFORCING" if settings.actions.enforce else "log-only (dry run)"
@@ -183,26 +160,14 @@ def build_delivery(
         for close in closables:
             close()
         raise
-    # how long one send may take, per destination: the worker's leases cover a batch of them
-    timeouts = {"kafka": 10.0, "alertmanager": settings.alertmanager.timeout_s}
     workers = [
-        DeliveryWorker(
-            sender,
-            sessions,
-            metrics=delivery_metrics,
-            backoff=backoff,
-            send_timeout_s=timeouts.get(
-                sender.destination,
-                settings.webhook.timeout_s
-                if sender.destination.startswith("webhook:")
-                else 30.0,  # scheduler actions: scontrol's and the Kubernetes client's timeouts
-            ),
-        )
+        DeliveryWorker(sender, sessions, metrics=delivery_metrics, backoff=backoff)
         for _, sender in senders
     ]
     gauges = [executor.refresh_gauges] if executor is not None else []
     hub = DeliveryHub(workers, sessions, delivery_metrics, gauges=gauges)
-    hub_ref.append(hub)
+    if executor is not None:
+        executor.on_enqueued = hub.wake  # breaker events: their workers look at once
     refresher = None
     if am is not None:
         sender_am = am

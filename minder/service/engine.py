@@ -50,12 +50,8 @@ class StateStore(Protocol):
         """Replace the stored machines and current scores of one job."""
         ...
 
-    def open_alert_counts(self) -> dict[tuple[str, str], int]:
-        """Alerts not yet resolved, per ``(job, kind)``."""
-        ...
-
-    def open_alert_keys(self, job: str | None = None) -> set[tuple[str, str, str]]:
-        """``(job, machine, kind)`` of the alerts not yet resolved (of ``job``, or all)."""
+    def open_alert_counts(self, job: str | None = None) -> dict[tuple[str, str, str], int]:
+        """Alerts not yet resolved per ``(job, machine, kind)`` (of ``job``, or of every job)."""
         ...
 
 
@@ -146,7 +142,7 @@ class DetectionService:
         self._last_persist: dict[str, int] = {}
         self.open_alerts_every_s = float(persist_every_s)
         self._open_alerts_at = -math.inf
-        self._open_alert_keys: set[tuple[str, str]] = set()
+        self._open_alert_series: set[tuple[str, str]] = set()
         # job -> machine -> kinds of its alerts not yet resolved: loaded from the store when a
         # worker takes a job over (restart, rebalance), kept current as alerts are raised, and
         # refreshed with the operators' resolutions, so one fault is never alerted twice.
@@ -225,14 +221,15 @@ class DetectionService:
             return
         self._open_alerts_at = now
         try:
-            counts = self.store.open_alert_counts()
-            open_keys = self.store.open_alert_keys()
+            by_machine = self.store.open_alert_counts()
         except Exception as exc:
             logger.warning("cannot count open alerts: %s", exc)
             return
         # Operators resolve alerts through the API: a resolved machine may be alerted again.
         by_job: dict[str, dict[str, set[str]]] = {job: {} for job in self.jobs}
-        for job, machine, kind in open_keys:
+        counts: dict[tuple[str, str], int] = {}
+        for (job, machine, kind), count in by_machine.items():
+            counts[(job, kind)] = counts.get((job, kind), 0) + count
             if job in by_job:
                 by_job[job].setdefault(machine, set()).add(kind)
         self._open_by_machine = by_job
@@ -240,10 +237,10 @@ class DetectionService:
         keys = set(counts) | {(job, kind.value) for job in self.jobs for kind in AlertKind}
         for job, kind in keys:
             self.metrics.open_alerts.labels(job, kind).set(counts.get((job, kind), 0))
-        for job, kind in self._open_alert_keys - keys:
+        for job, kind in self._open_alert_series - keys:
             with contextlib.suppress(KeyError):
                 self.metrics.open_alerts.remove(job, kind)
-        self._open_alert_keys = keys
+        self._open_alert_series = keys
 
     def _advance(self, state: JobState) -> list[Alert]:
         window = state.window
@@ -284,11 +281,10 @@ class DetectionService:
 
     def _load_open_alerts(self, job: str) -> None:
         """What the store knows is open for ``job``: no second alert for those machines."""
-        loader = getattr(self.store, "open_alert_keys", None)
-        if loader is None:
+        if self.store is None:
             return
         try:
-            keys = loader(job)
+            keys = self.store.open_alert_counts(job)
         except Exception as exc:
             logger.warning("cannot load the open alerts of job %s: %s", job, exc)
             return

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from minder.core.alert import Alert
 from minder.service.engine import JobSnapshot
-from minder.storage.alerts import active_alert_keys, count_active_alerts_by_kind
+from minder.storage.alerts import count_active_alerts_by_machine
 from minder.storage.engine import SessionFactory, read_only
 from minder.storage.jobs import save_scores, upsert_job_machines
 from minder.storage.outbox import Destination, record_alert_with_events
@@ -41,13 +41,9 @@ class SqlStateStore:
             self.on_enqueued()
         return stored, created
 
-    def open_alert_keys(self, job: str | None = None) -> set[tuple[str, str, str]]:
+    def open_alert_counts(self, job: str | None = None) -> dict[tuple[str, str, str], int]:
         with self.sessions() as session:
-            return active_alert_keys(read_only(session), job)
-
-    def open_alert_counts(self) -> dict[tuple[str, str], int]:
-        with self.sessions() as session:
-            return count_active_alerts_by_kind(read_only(session))
+            return count_active_alerts_by_machine(read_only(session), job)
 
     def save_job(self, job: JobSnapshot) -> None:
         machines = [

@@ -205,6 +205,9 @@ def _entry(row: ActionAuditRow) -> AuditEntry:
 
 # -- circuit breakers --------------------------------------------------------------------------
 
+ACTIONS_BREAKER = "actions"
+"""The breaker in front of every scheduler action (its row is created by migration 0003)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BreakerState:

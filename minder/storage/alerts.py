@@ -376,24 +376,18 @@ def closed_alerts_since(session: Session, since: float, limit: int = 10_000) -> 
     return [_to_alert(row) for row in session.scalars(query)]
 
 
-def active_alert_keys(session: Session, job: str | None = None) -> set[tuple[str, str, str]]:
-    """``(job, machine, kind)`` of every open or acknowledged alert (of ``job``, or all)."""
-    query = select(AlertRow.job, AlertRow.machine, AlertRow.kind).where(
-        AlertRow.status.in_(ACTIVE_STATUSES)
+def count_active_alerts_by_machine(
+    session: Session, job: str | None = None
+) -> dict[tuple[str, str, str], int]:
+    """Open or acknowledged alerts per ``(job, machine, kind)`` (of ``job``, or of every job)."""
+    query = (
+        select(AlertRow.job, AlertRow.machine, AlertRow.kind, func.count())
+        .where(AlertRow.status.in_(ACTIVE_STATUSES))
+        .group_by(AlertRow.job, AlertRow.machine, AlertRow.kind)
     )
     if job is not None:
         query = query.where(AlertRow.job == job)
-    return {(j, m, str(k)) for j, m, k in session.execute(query.distinct())}
-
-
-def count_active_alerts_by_kind(session: Session) -> dict[tuple[str, str], int]:
-    """Open or acknowledged alerts per ``(job, kind)``, for every job that has any."""
-    query = (
-        select(AlertRow.job, AlertRow.kind, func.count())
-        .where(AlertRow.status.in_(ACTIVE_STATUSES))
-        .group_by(AlertRow.job, AlertRow.kind)
-    )
-    return {(job, str(kind)): int(count) for job, kind, count in session.execute(query)}
+    return {(j, m, str(k)): int(n) for j, m, k, n in session.execute(query)}
 
 
 def count_active_alerts(session: Session, jobs: Sequence[str] | None = None) -> dict[str, int]:

@@ -17,6 +17,7 @@ from minder.api.schemas import (
     Problem,
 )
 from minder.storage.actions import (
+    ACTIONS_BREAKER,
     MAX_PAGE,
     ActionOutcomeKind,
     actions_enabled,
@@ -29,7 +30,7 @@ from minder.storage.outbox import AlertEvent, enqueue
 
 router = APIRouter(tags=["actions"])
 
-BREAKER = "actions"
+BREAKER = ACTIONS_BREAKER
 _AUTH: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "missing or wrong bearer token"}
 }

@@ -355,6 +355,7 @@ def test_a_sender_bug_is_retried_and_a_hold_costs_no_attempt(sessions: SessionFa
 
     class Flaky:
         destination = "webhook:ops"
+        timeout_s = 1.0
         calls = 0
 
         def send(self, delivery: Delivery) -> None:
