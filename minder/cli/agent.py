@@ -14,13 +14,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -28,25 +26,17 @@ from collectors.agent import Agent
 from collectors.base import Source
 from collectors.ethtool import DEFAULT_TIMEOUT_S as DEFAULT_ETHTOOL_TIMEOUT_S
 from collectors.labels import discover_identity, parse_label
+from minder.cli.common import OutputFormat, err, fail, out
 from minder.core.codec import batch_to_dict
 from minder.core.errors import MinderError, ValidationError
 from minder.core.records import NodeBatch
 
 logger = logging.getLogger(__name__)
 
-_out = Console(width=None if sys.stdout.isatty() else 160)
-_err = Console(stderr=True)
 
 DEFAULT_SPOOL_MAX_BYTES = 256 * 2**20
 DEFAULT_METRICS_PORT = 9478
 DEFAULT_PROBE_ADDRESS = "127.0.0.1:9477"
-
-
-class OutputFormat(StrEnum):
-    """How ``--once`` prints the batch."""
-
-    table = "table"
-    json = "json"
 
 
 def default_spool_dir() -> Path:
@@ -133,11 +123,6 @@ def build_sources(
                 built.close()
             raise ValidationError(f"source {name} cannot start: {exc}") from exc
     return sources
-
-
-def _fail(message: object) -> typer.Exit:
-    _err.print(f"[bold red]error:[/] {escape(str(message))}")
-    return typer.Exit(code=2)
 
 
 def agent_command(
@@ -228,15 +213,15 @@ def agent_command(
 ) -> None:
     """Run the node agent: collect every interval, serve /metrics, send batches to Kafka."""
     if not interval > 0:
-        raise _fail(f"--interval is {interval!r}: expected seconds > 0")
+        raise fail(f"--interval is {interval!r}: expected seconds > 0")
     if spool_max_bytes <= 0:
-        raise _fail(f"--spool-max-bytes is {spool_max_bytes!r}: expected bytes > 0")
+        raise fail(f"--spool-max-bytes is {spool_max_bytes!r}: expected bytes > 0")
     if not 0 <= metrics_port <= 65535:
-        raise _fail(f"--metrics-port is {metrics_port!r}: expected 0 (off) to 65535")
+        raise fail(f"--metrics-port is {metrics_port!r}: expected 0 (off) to 65535")
     if not 0 <= pfc_priority <= 7:
-        raise _fail(f"--pfc-priority is {pfc_priority!r}: expected 0 to 7")
+        raise fail(f"--pfc-priority is {pfc_priority!r}: expected 0 to 7")
     if not ethtool_timeout > 0:
-        raise _fail(f"--ethtool-timeout is {ethtool_timeout!r}: expected seconds > 0")
+        raise fail(f"--ethtool-timeout is {ethtool_timeout!r}: expected seconds > 0")
     try:
         overrides: dict[str, str] = dict(parse_label(text) for text in label or [])
         if job:
@@ -246,7 +231,7 @@ def agent_command(
         identity = discover_identity(os.environ, overrides)
         command = None if ethtool_command.strip().lower() == "off" else shlex.split(ethtool_command)
     except (ValidationError, ValueError) as exc:  # ValueError: shlex on unbalanced quotes
-        raise _fail(exc) from None
+        raise fail(exc) from None
     try:
         sources = build_sources(
             sysfs_root=sysfs_root,
@@ -259,7 +244,7 @@ def agent_command(
             ethtool_timeout_s=ethtool_timeout,
         )
     except ValidationError as exc:
-        raise _fail(exc) from None
+        raise fail(exc) from None
     agent = Agent(
         sources,
         job=identity.job,
@@ -287,7 +272,7 @@ def _print_once(agent: Agent, interval: float, output_format: OutputFormat) -> N
         listed = ", ".join(
             f"{source}/{reason}={n}" for (source, reason), n in sorted(problems.items())
         )
-        _err.print(f"source problems: {escape(listed)}")
+        err.print(f"source problems: {escape(listed)}")
     if output_format is OutputFormat.json:
         sys.stdout.write(
             orjson.dumps(batch_to_dict(batch, columns=False), option=orjson.OPT_INDENT_2).decode()
@@ -295,7 +280,7 @@ def _print_once(agent: Agent, interval: float, output_format: OutputFormat) -> N
         )
         sys.stdout.flush()
         return
-    _out.print(batch_table(batch))
+    out.print(batch_table(batch))
 
 
 def batch_table(batch: NodeBatch) -> Table:
@@ -335,21 +320,21 @@ def _run(
     try:
         settings = Settings()
     except PydanticValidationError as exc:  # a bad MINDER_* variable
-        raise _fail(f"invalid settings: {exc}") from None
+        raise fail(f"invalid settings: {exc}") from None
     bootstrap = kafka or settings.kafka.bootstrap
     topic = settings.kafka.metrics_topic
     client_id = f"{settings.kafka.client_id}-agent"
     try:
         spool = Spool(spool_dir, spool_max_bytes)
     except ValidationError as exc:  # names the directory or file
-        raise _fail(exc) from None
+        raise fail(exc) from None
     except OSError as exc:
-        raise _fail(f"cannot open the spool {spool_dir}: {exc}") from None
+        raise fail(f"cannot open the spool {spool_dir}: {exc}") from None
     try:
         KafkaRecordSender(bootstrap, topic=topic)  # settings check before the threads start
     except ValidationError as exc:
         spool.close()
-        raise _fail(exc) from None
+        raise fail(exc) from None
     exporter = AgentExporter(agent)
     try:
         runner = AgentRunner(
@@ -362,10 +347,10 @@ def _run(
             try:
                 exporter.serve(metrics_port, metrics_addr)
             except OSError as exc:
-                raise _fail(
+                raise fail(
                     f"cannot serve /metrics on {metrics_addr}:{metrics_port}: {exc}"
                 ) from None
-        _err.print(
+        err.print(
             f"minder agent {escape(agent.job)}/{escape(agent.node)}: "
             f"{', '.join(s.name for s in agent.sources)} every {agent.interval_s:g} s -> "
             f"{escape(bootstrap)} ({topic}); spool {spool_dir}"

@@ -16,7 +16,6 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -30,6 +29,7 @@ from rich.progress import (
 from minder.benchmark.replay import DEFAULT_GRACE_S
 from minder.benchmark.report import markdown, render
 from minder.benchmark.runner import DEFAULT_MAX_MACHINES, BenchOptions, run_benchmark
+from minder.cli.common import OutputFormat, err, out
 from minder.core.errors import MinderError
 
 bench_app = typer.Typer(
@@ -39,8 +39,6 @@ bench_app = typer.Typer(
     add_completion=False,
 )
 
-_err = Console(stderr=True)
-
 
 class Suite(StrEnum):
     """Suites of ``minder bench detect``."""
@@ -48,13 +46,6 @@ class Suite(StrEnum):
     quick = "quick"
     standard = "standard"
     full = "full"
-
-
-class OutputFormat(StrEnum):
-    """How the results are printed."""
-
-    table = "table"
-    json = "json"
 
 
 @bench_app.callback()
@@ -97,7 +88,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float, int], None] | Non
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        console=_err,
+        console=err,
         transient=True,
     ) as bar:
         task = bar.add_task("starting", total=None)
@@ -169,25 +160,25 @@ def detect_command(
             grace_s=grace,
         )
     except ValueError as exc:
-        _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
     try:
-        with _progress(progress and _err.is_terminal) as update:
+        with _progress(progress and err.is_terminal) as update:
             result = run_benchmark(options, progress=update)
     except MinderError as exc:
-        _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=1) from None
     data = result.to_dict()
     text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text + "\n")
-        _err.print(f"wrote {output}")
+        err.print(f"wrote {output}")
     if markdown_file is not None:
         markdown_file.parent.mkdir(parents=True, exist_ok=True)
         markdown_file.write_text(markdown(result))
-        _err.print(f"wrote {markdown_file}")
+        err.print(f"wrote {markdown_file}")
     if output_format is OutputFormat.json:
         sys.stdout.write(text + "\n")
     else:
-        render(result, Console(width=None if sys.stdout.isatty() else 160))
+        render(result, out)
