@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from metric_contract import AGENT_METRICS, SERVICE_METRICS
 from prometheus_server import prometheus_server
 
 from dashboards.queries import (
@@ -31,59 +32,6 @@ PROVISIONING = ROOT / "dashboards" / "provisioning"
 UIDS = {"minder-fleet", "minder-job", "minder-whatif", "minder-service", "minder-agents"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
-# The exported metric contract of the service and the agents, spelled out so that a renamed
-# metric fails here (histograms with their _bucket/_sum/_count series).
-SERVICE_METRICS = {
-    "minder_messages_consumed_total",
-    "minder_batches_consumed_total",
-    "minder_samples_consumed_total",
-    "minder_batches_rejected_total",
-    "minder_decode_failures_total",
-    "minder_dead_letters_total",
-    "minder_processing_lag_seconds",
-    "minder_consumer_lag_messages",
-    "minder_machine_score",
-    "minder_alerts_total",
-    "minder_open_alerts",
-    "minder_alert_deliveries_total",
-    "minder_jobs",
-    "minder_machines",
-    "minder_job_machines",
-    "minder_job_last_sample_timestamp_seconds",
-    "minder_job_last_evaluation_timestamp_seconds",
-    "minder_evaluation_seconds_bucket",
-    "minder_evaluation_seconds_sum",
-    "minder_evaluation_seconds_count",
-    "minder_whatif_slowdown",
-    "minder_whatif_waste_ratio",
-    "minder_whatif_verdict_info",
-    "minder_whatif_reports_total",
-    "minder_build_info",
-    "minder_assigned_partitions",
-    "minder_handler_failures_total",
-    "minder_deadletter_failures_total",
-    "minder_alerts_suppressed_total",
-    # the outbox (minder.delivery.worker.DeliveryMetrics)
-    "minder_outbox_deliveries_total",
-    "minder_outbox_pending",
-    "minder_outbox_oldest_pending_age_seconds",
-    "minder_outbox_expired",
-    # scheduler actions, when configured (minder.actions.executor.ActionMetrics)
-    "minder_actions_total",
-    "minder_actions_breaker_tripped",
-}
-AGENT_METRICS = {
-    "minder_agent_info",
-    "minder_agent_collections_total",
-    "minder_agent_last_collection_timestamp_seconds",
-    "minder_agent_source_errors_total",
-    "minder_agent_collect_seconds",
-    "minder_agent_batches_sent_total",
-    "minder_agent_dropped_oldest_total",
-    "minder_agent_send_errors_total",
-    "minder_agent_spool_bytes",
-    "minder_agent_spool_max_bytes",
-}
 NODE_GAUGES = {f"minder_node_{n}" for n, s in METRICS.items() if s.kind is not MetricKind.COUNT}
 CONTRACT = SERVICE_METRICS | AGENT_METRICS | NODE_GAUGES
 

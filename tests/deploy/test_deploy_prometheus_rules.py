@@ -16,48 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
+from metric_contract import AGENT_METRICS, SERVICE_METRICS
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"
 RULES = RULES_DIR / "minder.rules.yml"
 RULE_TESTS = RULES_DIR / "minder.rules.test.yml"
 
-# The metrics Minder exports (service, then agent) under their final names; rules may use no
-# other minder_* metric. minder_node_* are the agent's per-device metrics.
-SERVICE_METRICS = {
-    "minder_messages_consumed_total",
-    "minder_batches_consumed_total",
-    "minder_decode_failures_total",
-    "minder_dead_letters_total",
-    "minder_processing_lag_seconds",
-    "minder_consumer_lag_messages",
-    "minder_machine_score",
-    "minder_alerts_total",
-    "minder_open_alerts",
-    "minder_alert_deliveries_total",
-    "minder_jobs",
-    "minder_machines",
-    "minder_job_machines",
-    "minder_job_last_sample_timestamp_seconds",
-    "minder_job_last_evaluation_timestamp_seconds",
-    "minder_evaluation_seconds",
-    "minder_whatif_slowdown",
-    "minder_outbox_deliveries_total",
-    "minder_outbox_pending",
-    "minder_outbox_oldest_pending_age_seconds",
-    "minder_outbox_expired",
-    "minder_actions_total",
-    "minder_actions_breaker_tripped",
-}
-AGENT_METRICS = {
-    "minder_agent_info",
-    "minder_agent_last_collection_timestamp_seconds",
-    "minder_agent_source_errors_total",
-    "minder_agent_collect_seconds",
-    "minder_agent_spool_bytes",
-    "minder_agent_spool_max_bytes",
-    "minder_agent_dropped_oldest_total",
-    "minder_agent_send_errors_total",
-}
 REQUIRED_ALERTS = {
     "MinderDetectionStalled",
     "MinderProcessingLagHigh",
@@ -221,28 +185,43 @@ def test_rule_glob_leaves_the_test_file_out() -> None:
     assert not RULE_TESTS.match("*.rules.yml")
 
 
-def _exported_names(registry: Any) -> set[str]:
+def _exported_series() -> set[str]:
+    """Names on the /metrics of the service (with its outbox, actions and what-if metrics) and
+    of an agent with a sender: every family's (a labelled one has no series before its first
+    value) and every series' (a histogram's ``_bucket``/``_sum``/``_count``)."""
     from prometheus_client import generate_latest
 
-    text = generate_latest(registry).decode()
-    return {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
-
-
-def test_rules_use_metrics_the_exporters_really_export() -> None:
-    """The rules against the /metrics of the service and of an agent with a sender."""
     from collectors.agent import Agent, AgentExporter, SenderCounters
     from minder.actions.executor import ActionMetrics
+    from minder.api.whatif_runner import WhatIfMetrics
     from minder.delivery.worker import DeliveryMetrics
     from minder.service.telemetry import ServiceMetrics
 
     service = ServiceMetrics()
     DeliveryMetrics(service.registry)  # registered by the service's outbox
     ActionMetrics(service.registry)  # registered when scheduler actions are configured
-    exported = _exported_names(service.registry)
+    WhatIfMetrics.on(service.registry).set_job("job-1", 1.25, "worker")
     agent = Agent([], job="job-1", node="node-1", labels={})
     agent.collect_once(time.time())  # some series exist only after a collection
     exporter = AgentExporter(agent)
     exporter.set_sender(SenderCounters)
-    exported |= _exported_names(exporter.registry)
+    names: set[str] = set()
+    for registry in (service.registry, exporter.registry):
+        text = generate_latest(registry).decode()
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                names.add(line.split()[2])
+            elif line and not line.startswith("#"):
+                names.add(line.split("{")[0].split()[0])
+    return names
+
+
+def test_rules_use_metrics_the_exporters_really_export() -> None:
+    exported = _exported_series()
     used = {m for rule in _rules() for m in re.findall(r"\b(minder_[a-z0-9_]+)", rule["expr"])}
     assert used - exported == set(), f"used by the rules, exported by nobody: {used - exported}"
+
+
+def test_the_metric_contract_is_what_the_exporters_export() -> None:
+    missing = (SERVICE_METRICS | AGENT_METRICS) - _exported_series()
+    assert missing == set(), f"in tests/metric_contract.py, exported by nobody: {sorted(missing)}"
