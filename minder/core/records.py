@@ -29,6 +29,9 @@ class EventKind(StrEnum):
     """NVLink errors beyond replay (link down, recovery failed)."""
     RECOVERY_ACTION = "recovery_action"
     """NVML asks for a GPU reset or node reboot; ``code`` holds the action."""
+    LEAVE = "leave"
+    """The node leaves the job on purpose (its agent stops cleanly, e.g. on SIGTERM): not a
+    fault. The service drops the node from the job until it reports again."""
 
 
 @dataclass(frozen=True, slots=True)
