@@ -10,7 +10,8 @@ exception type), samples that fail :func:`~minder.core.metrics.validate_sample` 
 :class:`AgentExporter` is a prometheus_client custom collector on its own registry: it serves the
 last batch as gauges ``minder_node_<metric>{device}`` plus the agent's own counters, and costs
 nothing between scrapes. Sending (Kafka, spool) lives in ``minder.agent_runner``, which plugs its
-counters in through :meth:`AgentExporter.set_sender`.
+counters in through :meth:`AgentExporter.set_sender`. :meth:`Agent.goodbye` builds the batch the
+runner sends last on a clean stop (a ``leave`` event: the node leaves its job on purpose).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collectors.base import Collected, Source
 from collectors.labels import Identity, check_label, discover_identity, parse_label
 from minder.core.errors import ValidationError
 from minder.core.metrics import MetricKind, MetricSpec, validate_sample, validate_value
-from minder.core.records import Event, NodeBatch, Sample
+from minder.core.records import Event, EventKind, NodeBatch, Sample
 
 __all__ = [
     "AGENT_REASONS",
@@ -224,6 +225,26 @@ class Agent:
             self.collections_total += 1
             self.last_batch = batch
         return batch
+
+    def goodbye(self, now: float, reason: str) -> NodeBatch:
+        """The last batch of a clean stop: no samples, one ``leave`` event (``device=""``).
+
+        It tells the detection service that the node leaves its job on purpose (not a fault):
+        the service drops the node until it reports again. ``reason`` ends up in the event's
+        message (``"agent stopped: SIGTERM"``). Nothing of the agent changes (``last_batch``
+        and the counters stay those of the last collection).
+        """
+        if not reason:
+            raise ValidationError("goodbye reason is empty: expected why the agent stopped")
+        return NodeBatch(
+            job=self.job,
+            node=self.node,
+            ts=now,
+            interval_s=self.interval_s,
+            labels=dict(self.labels),
+            samples=[],
+            events=[Event(EventKind.LEAVE, device="", ts=now, message=f"agent stopped: {reason}")],
+        )
 
     def _valid(self, source: str, metric: str, device: str, value: float) -> MetricSpec | None:
         try:

@@ -116,6 +116,13 @@ FIELDS: dict[str, _Field] = {
 }
 """The dcgm-exporter fields this source reads; every other series is ignored."""
 
+# Public names of the table above, for the other readers of dcgm-exporter series
+# (collectors.prometheus maps the same fields from a Prometheus server).
+FieldKind = _Kind
+DcgmField = _Field
+RATIO_SLACK = _RATIO_SLACK
+"""Activity ratios up to 1 + this are DCGM's rounding and read as 1."""
+
 
 class _ScrapeError(Exception):
     """A failed scrape: ``reason`` is the bounded problem class."""
@@ -403,3 +410,8 @@ def _set_timeout(sock: socket.socket, deadline: float, timeout_s: float) -> None
 
 def _is_blank(value: float) -> bool:
     return _INT32_BLANK[0] <= value <= _INT32_BLANK[1] or value >= _FP64_BLANK
+
+
+def is_blank(value: float) -> bool:
+    """Whether ``value`` is one of DCGM's "no data" sentinels (int32 or fp64 blank)."""
+    return _is_blank(value)

@@ -1,7 +1,14 @@
-"""Parameters of the streaming detector, with the reason behind each default."""
+"""Parameters of the streaming detector, with the reason behind each default.
+
+Durations are given twice: in seconds (what they are at the agent's 1-second sampling) and as a
+number of samples, the least that still makes sense when a job is sampled every 5, 15 or 60 s.
+:meth:`DetectorConfig.at_interval` turns both into the durations of one sampling interval (the
+larger of the two wins), so one configuration serves every cadence (docs/detection-method.md).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # Application-caused XIDs (a user kernel's fault, not the machine's): evicting the machine would
@@ -72,6 +79,22 @@ class DetectorConfig:
         their links together, one alert names the domain instead of each machine.
     settle_s
         How long silence and link-down findings wait for their domain neighbours before firing.
+    window_samples, continuity_samples, severe_continuity_samples
+        At coarse sampling, the fewest samples in a window, and the fewest evaluations a run
+        must last (mild and severe). Both defaults exceed the window, so one deviating sample,
+        which stays in the window mean for ``window_samples`` evaluations, can never confirm a
+        culprit on its own.
+    silence_intervals
+        Silence is at least this many sampling intervals without a sample (3 missed samples at
+        the default): one missed scrape is not silence.
+    lost_device_intervals, level_persist_samples, error_samples, rearm_intervals
+        The sample counts behind ``lost_device_s``, ``level_persist_s``, ``error_seconds`` and
+        ``rearm_s`` at coarse sampling.
+    batch_spread_s, batch_min_machines
+        Machines that fall silent within this spread of each other (at least one sampling
+        interval), this many or more, while the rest of the job keeps reporting, left the job
+        together (a scale-down, a scheduler's kill): one membership change of the job, no
+        machine alert. Only a domain that goes silent as a whole is a domain alert.
     """
 
     window_s: int = 8
@@ -92,6 +115,16 @@ class DetectorConfig:
     domain_fraction: float = 0.5
     domain_min_machines: int = 2
     settle_s: int = 3
+    window_samples: int = 3
+    continuity_samples: int = 5
+    severe_continuity_samples: int = 4
+    silence_intervals: int = 4
+    lost_device_intervals: int = 3
+    level_persist_samples: int = 2
+    error_samples: int = 2
+    rearm_intervals: int = 4
+    batch_spread_s: float = 5.0
+    batch_min_machines: int = 2
     benign_xids: frozenset[int] = field(default=BENIGN_XIDS)
 
     def __post_init__(self) -> None:
@@ -107,6 +140,13 @@ class DetectorConfig:
             "min_machines",
             "min_group",
             "rearm_s",
+            "window_samples",
+            "silence_intervals",
+            "lost_device_intervals",
+            "level_persist_samples",
+            "error_samples",
+            "rearm_intervals",
+            "batch_min_machines",
         ):
             value = getattr(self, name)
             if value < 1:
@@ -122,6 +162,11 @@ class DetectorConfig:
             )
         if not 0 < self.domain_fraction <= 1:
             raise ValueError(f"domain_fraction is {self.domain_fraction!r}: expected (0, 1]")
+        if min(self.continuity_samples, self.severe_continuity_samples) < 1:
+            raise ValueError(
+                f"continuity_samples={self.continuity_samples!r}, severe_continuity_samples="
+                f"{self.severe_continuity_samples!r}: expected at least 1 evaluation"
+            )
 
     @property
     def severe_level(self) -> tuple[float, int]:
@@ -131,5 +176,55 @@ class DetectorConfig:
 
     @property
     def horizon_s(self) -> int:
-        """Seconds of history the window must keep for these parameters."""
+        """Seconds of history the window must keep for these parameters (at 1 s sampling; a
+        window with a coarser tick keeps as many ticks)."""
         return max(2 * self.window_s, int(self.silence_s) * 4, 64)
+
+    def at_interval(self, interval_s: float) -> Cadence:
+        """The durations of a job (or a metric) sampled every ``interval_s`` seconds."""
+        if not interval_s > 0:
+            raise ValueError(f"interval_s is {interval_s!r}: expected a positive number")
+        i = float(interval_s)
+
+        def ticks(seconds: float, samples: int) -> int:
+            return max(math.ceil(seconds / i - 1e-9), samples)
+
+        window = ticks(self.window_s, self.window_samples)
+        spread = max(self.batch_spread_s, i)
+        return Cadence(
+            interval_s=i,
+            window=window,
+            continuity=ticks(self.continuity_s, self.continuity_samples),
+            severe_continuity=ticks(self.severe_level[1], self.severe_continuity_samples),
+            silence_s=max(self.silence_s, self.silence_intervals * i),
+            lost_device_s=max(float(self.lost_device_s), self.lost_device_intervals * i),
+            level_persist=ticks(self.level_persist_s, self.level_persist_samples),
+            error_ticks=min(window, ticks(self.error_seconds, self.error_samples)),
+            rearm_s=max(float(self.rearm_s), self.rearm_intervals * i),
+            batch_spread_s=spread,
+            settle_s=max(float(self.settle_s), i),
+            silence_settle_s=max(float(self.settle_s), spread),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """:class:`DetectorConfig` durations for one sampling interval.
+
+    Counts (``window``, ``continuity``, ``severe_continuity``, ``level_persist``,
+    ``error_ticks``) are evaluations of that interval; the rest are seconds.
+    """
+
+    interval_s: float
+    window: int
+    continuity: int
+    severe_continuity: int
+    silence_s: float
+    lost_device_s: float
+    level_persist: int
+    error_ticks: int
+    rearm_s: float
+    batch_spread_s: float
+    settle_s: float
+    silence_settle_s: float
+    """Silence waits for the rest of its batch too (``batch_spread_s``)."""

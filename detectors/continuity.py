@@ -78,11 +78,20 @@ class ContinuityTracker:
             self._runs[metric], self._peaks[metric] = grown, peaks
         return self._runs[metric], self._peaks[metric]
 
-    def update(self, metric: str, score: np.ndarray, scale: float = 1.0) -> Confirmed:
-        """Advance ``metric`` by one second with each machine's |z| ``score`` (NaN = not scored).
+    def update(
+        self,
+        metric: str,
+        score: np.ndarray,
+        scale: float = 1.0,
+        lengths: tuple[int, ...] | None = None,
+    ) -> Confirmed:
+        """Advance ``metric`` by one evaluation with each machine's |z| ``score`` (NaN = not
+        scored).
 
         ``scale`` multiplies every level (a metric the priority model trusts less needs a
-        larger deviation). A missing score breaks the run: continuity means seen deviating.
+        larger deviation); ``lengths`` replaces the levels' run lengths for this metric (one
+        sampled more coarsely than the job needs longer runs). A missing score breaks the run:
+        continuity means seen deviating.
         """
         n = score.shape[0]
         runs, peaks = self._state(metric, n)
@@ -90,7 +99,8 @@ class ContinuityTracker:
         above = value[None, :] > (self._min_z * scale)[:, None]
         runs[:, :n] = np.where(above, runs[:, :n] + 1, 0)
         peaks[:n] = np.where(above[0], np.maximum(peaks[:n], value), 0.0)
-        confirmed = (runs[:, :n] >= self._seconds[:, None]).any(axis=0)
+        needed = self._seconds if lengths is None else np.asarray(lengths, dtype=np.int64)
+        confirmed = (runs[:, :n] >= needed[:, None]).any(axis=0)
         machines = np.flatnonzero(confirmed)
         return Confirmed(machines, runs[0, machines].copy(), peaks[machines].copy())
 

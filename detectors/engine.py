@@ -10,6 +10,13 @@ severity (:mod:`detectors.continuity`) is alerted, naming the highest-priority m
 confirms it (:mod:`detectors.priority`); several machines can be alerted at once. Hard faults fire
 at once through :mod:`detectors.rules`, and machines of one ``domain`` that fail together are
 reported as one domain alert (:mod:`detectors.episodes`).
+
+Time follows the job's sampling interval (the window's *tick*, learnt from the data): the engine
+evaluates once per tick, and window, continuity and silence are counted in samples with a floor
+in seconds (:meth:`DetectorConfig.at_interval`). A metric sampled more coarsely than the tick (a
+15 s scrape beside 1 s agent data) holds each sample for its interval and gets its own, longer,
+window and continuity. Machines that left the job are neither scored nor peers; a machine that
+(re)joined is scored once it has a full window.
 """
 
 from __future__ import annotations
@@ -21,14 +28,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from detectors.config import DetectorConfig
+from detectors.config import Cadence, DetectorConfig
 from detectors.continuity import ContinuityTracker, Severity
 from detectors.denoisers import Denoiser, denoiser_class
 from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
 from detectors.evidence import similarity_evidence
 from detectors.findings import Finding
 from detectors.priority import MetricPriority
-from detectors.rules import evaluate_rules
+from detectors.rules import cadence_for, evaluate_rules, job_quiet
 from detectors.scoring import (
     BlockScores,
     ScoreLayout,
@@ -131,13 +138,14 @@ class MinderDetector:
         self._denoisers: dict[str, MetricDenoiser] = {}
         trained = model.priority if model is not None else None
         self.priority = trained if trained is not None else MetricPriority.default()
-        self.continuity = ContinuityTracker(
-            [
-                Severity(cfg.threshold, cfg.continuity_s),
-                Severity(*cfg.severe_level),
-            ]
-        )
         self.episodes = Episodes(cfg)
+        self.cadence: Cadence = cfg.at_interval(1.0)
+        """Durations at the job's tick."""
+        self.continuity = self._tracker(self.cadence)
+        self._cadence_key: tuple[int, int] | None = None
+        self._metric_every: dict[str, int] = {}
+        self._last_tick: int | None = None
+        self._quiet = False
         self._last_scored: int | None = None
         self._skipped_logged = False
         self._layout_cache: ScoreLayout | None = None
@@ -154,10 +162,61 @@ class MinderDetector:
         """Per metric, the latest top |z| of each machine and the device index behind it."""
         return {m: (top.tolist(), dev.tolist()) for m, (top, dev) in self.last_scores.items()}
 
+    def _tracker(self, cadence: Cadence) -> ContinuityTracker:
+        severe_z = self.config.severe_level[0]
+        return ContinuityTracker(
+            [
+                Severity(self.config.threshold, cadence.continuity),
+                Severity(severe_z, cadence.severe_continuity),
+            ]
+        )
+
+    def _follow_cadence(self, window: JobWindow) -> None:
+        """Take up the window's tick and series intervals when they change."""
+        key = (window.tick_s, window.cadence_version)
+        if key == self._cadence_key:
+            return
+        tick_changed = self._cadence_key is None or self._cadence_key[0] != window.tick_s
+        self._cadence_key = key
+        self.cadence = cadence_for(self.config, float(window.tick_s))
+        self.episodes.cadence = self.cadence
+        self._metric_every = {}
+        for i, (metric, _) in enumerate(window.series):
+            every = int(window.series_every[i])
+            self._metric_every[metric] = max(self._metric_every.get(metric, 1), every)
+        longest = max([self._metric_window(m) for m in self._metric_every] + [self.cadence.window])
+        window.ensure_slots(2 * longest)
+        if tick_changed:
+            self.continuity = self._tracker(self.cadence)
+            self._last_tick = self._last_scored = None
+
+    def _metric_window(self, metric: str) -> int:
+        """Ticks in ``metric``'s window: its own interval's window, held over its ticks."""
+        every = self._metric_every.get(metric, 1)
+        if every == 1:
+            return self.cadence.window
+        return every * cadence_for(self.config, every * self.cadence.interval_s).window
+
     def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
-        """Run rules and peer scoring at second ``now``; return the alerts that fire."""
+        """Run rules and peer scoring at second ``now``; return the alerts that fire.
+
+        The engine evaluates each tick once, at the first call at or after its last second;
+        until the window knows the job's sampling interval nothing is evaluated.
+        """
+        if not window.cadence_known:
+            return []
+        self._follow_cadence(window)
+        due = (now + 1) // window.tick_s - 1
+        if self._last_tick is not None and due <= self._last_tick:
+            return []
+        self._last_tick = due
+        now = window.tick_end(due)
         cfg = self.config
-        with_peers = window.n_machines >= cfg.min_machines
+        quiet = job_quiet(window, now)
+        if quiet and not self._quiet:
+            window.note("quiet", float(now), "most of the job's machines stopped reporting")
+        self._quiet = quiet
+        with_peers = int(window.active().sum()) >= cfg.min_machines
         if not with_peers and not self._skipped_logged:
             logger.info(
                 "job %s has %d machine(s): fewer than %d, so no peers to compare; only the "
@@ -215,12 +274,25 @@ class MinderDetector:
         if not layout.buckets:
             self.last_scores = {}
             return findings
-        if self._last_scored is not None and now - self._last_scored != 1:
+        tick = window.tick_of(now)
+        if self._last_scored is not None and tick - self._last_scored != 1:
             # The replay jumped a gap (or time went back): runs are not continuous any more.
             self.continuity.reset()
-        self._last_scored = now
-        comparisons = peer_comparisons(window, cfg.min_group)
-        values = _impute_missing(window.window(now, cfg.window_s, layout.all_cols), comparisons)
+        self._last_scored = tick
+        active = window.active()
+        comparisons = [
+            (targets, members[active[members]])
+            for targets, members in peer_comparisons(window, cfg.min_group)
+        ]
+        comparisons = [(t, m) for t, m in comparisons if m.size]
+        length = max(self._metric_window(m) for b in layout.buckets for m in b.metrics)
+        raw_values = window.window(now, length, layout.all_cols)
+        if length > self.cadence.window:
+            raw_values = self._hold_coarse(window, layout.all_cols, raw_values)
+        values = _impute_missing(raw_values, comparisons)
+        # Scored: part of the job, and in it for a full window.
+        full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= self.cadence.window
+        self._scored = active & full
         all_means = all(
             self.denoiser_for(m).denoiser.kind == "mean" for b in layout.buckets for m in b.metrics
         )
@@ -240,16 +312,41 @@ class MinderDetector:
             if all_means:
                 block = means[:, cols].reshape(n, k, width, 1)
             else:
-                raw = values[:, :, cols].reshape(-1, n, k, width).transpose(1, 2, 3, 0)
+                # Trained denoisers take windows of the job's own length.
+                tail = values[-self.cadence.window :, :, cols]
+                raw = tail.reshape(-1, n, k, width).transpose(1, 2, 3, 0)
                 parts = [
                     self.denoiser_for(m).apply(raw[:, j]) for j, m in enumerate(bucket.metrics)
                 ]
                 length = max(p.shape[-1] for p in parts)
                 block = np.stack([np.broadcast_to(p, (n, width, length)) for p in parts], axis=1)
             result = score(block, comparisons, cfg.rel_floor, bucket.floors)
+            result.z[~self._scored] = np.nan
             findings += self._confirm(window, now, bucket.metrics, bucket.columns, result, scores)
         self.last_scores = scores
         return findings
+
+    def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Mixed cadences: each coarse series' sample stands for its whole interval (held
+        forward up to ``every - 1`` ticks), and each series keeps only its own window's ticks."""
+        length = values.shape[0]
+        every = window.series_every[cols]
+        out = values.copy()
+        ticks = np.arange(length)[:, None, None]
+        for step in np.unique(every[every > 1]).tolist():
+            sel = np.flatnonzero(every == step)
+            part = out[:, :, sel]
+            seen = np.where(np.isfinite(part), ticks, -1)
+            latest = np.maximum.accumulate(seen, axis=0)
+            held = np.take_along_axis(part, np.clip(latest, 0, None), axis=0)
+            keep = (latest >= 0) & (ticks - latest < step)
+            out[:, :, sel] = np.where(keep, held, np.nan)
+        spans = np.asarray(
+            [self._metric_window(window.series[c][0]) for c in cols.tolist()], dtype=np.int64
+        )
+        old = np.arange(length)[:, None] < (length - spans)[None, :]  # time, column
+        out[np.broadcast_to(old[:, None, :], out.shape)] = np.nan
+        return out
 
     def _confirm(
         self,
@@ -270,7 +367,12 @@ class MinderDetector:
         for j, metric in enumerate(metrics):
             scores[metric] = (np.nan_to_num(top[:, j], nan=0.0), device_idx[:, j])
             factor = self._threshold_factor(metric)
-            confirmed = self.continuity.update(metric, top[:, j], factor)
+            every = self._metric_every.get(metric, 1)
+            lengths = None
+            if every > 1:
+                own = cadence_for(cfg, every * self.cadence.interval_s)
+                lengths = (every * own.continuity, every * own.severe_continuity)
+            confirmed = self.continuity.update(metric, top[:, j], factor, lengths)
             for m, run, peak in zip(
                 confirmed.machines.tolist(),
                 confirmed.run_s.tolist(),
@@ -287,7 +389,10 @@ class MinderDetector:
                         family="similarity",
                         metric=metric,
                         score=float(peak),
-                        first_sec=int(now - run + 1 - cfg.window_s // 2),
+                        first_sec=int(
+                            (window.tick_of(now) - run + 1 - self.cadence.window // 2)
+                            * window.tick_s
+                        ),
                         devices=(device,) if device else (),
                         # Evidence is built only for findings that fire (see evaluate).
                         evidence={
@@ -335,7 +440,9 @@ class MinderDetector:
             ),
             np.arange(window.n_machines),
         )
-        evidence = similarity_evidence(window, now, int(detail["col"]), finding.machine, peers, cfg)
+        evidence = similarity_evidence(
+            window, now, int(detail["col"]), finding.machine, peers, self.cadence
+        )
         evidence.update(
             {
                 "method": f"peer_{self.scorer}",
@@ -344,8 +451,8 @@ class MinderDetector:
                 "z": detail["z"],
                 "direction": "above" if detail["z"] > 0 else "below",
                 "threshold": detail["threshold"],
-                "continuity_s": cfg.continuity_s,
-                "severe_continuity_s": cfg.severe_level[1],
+                "continuity_s": self.cadence.continuity * window.tick_s,
+                "severe_continuity_s": self.cadence.severe_continuity * window.tick_s,
                 "peer_median": detail["peer_median"],
                 "scale": detail["scale"],
                 "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,

@@ -5,13 +5,18 @@ second it holds; it stays open while the condition keeps recurring and ends ``re
 the last time it held, so seeing it again later is a new fault. Silence and link-down findings
 wait ``settle_s`` for their domain neighbours: when enough machines of one domain fail together,
 one alert names the domain instead of each machine.
+
+Machines that fall silent together (within ``batch_spread_s`` of each other, at least
+``batch_min_machines``) while the rest of the job reports left the job together: a scale-down or
+a scheduler's kill, which is one membership change of the job and no alert. Only when they are
+one domain, and enough of it, is it a fault: the domain's switch or rack.
 """
 
 from __future__ import annotations
 
 import math
 
-from detectors.config import DetectorConfig
+from detectors.config import Cadence, DetectorConfig
 from detectors.findings import Finding
 from detectors.window import JobWindow
 from minder.core.alert import AlertKind
@@ -25,6 +30,8 @@ class Episodes:
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
+        self.cadence: Cadence = config.at_interval(1.0)
+        """Durations at the job's sampling interval (set by the detector)."""
         # (machine, family) -> last second the condition held.
         self.active: dict[tuple[int, str], int] = {}
         # (machine, family) -> (second it was first seen, finding), waiting for its domain.
@@ -44,7 +51,7 @@ class Episodes:
 
     def expire(self, now: int) -> None:
         """End the episodes whose condition has been absent for ``rearm_s``."""
-        limit = self.config.rearm_s
+        limit = self.cadence.rearm_s
         for key in [k for k, last in self.active.items() if now - last > limit]:
             del self.active[key]
             self._pending.pop(key, None)
@@ -58,20 +65,33 @@ class Episodes:
 
     def settle(self, window: JobWindow, now: int) -> list[Finding]:
         """Held findings whose wait is over: one domain finding where enough of a domain
-        failed together, the machines' own findings otherwise."""
-        cfg = self.config
-        ready = [k for k, (seen, _) in self._pending.items() if now - seen >= cfg.settle_s]
+        failed together, nothing (a membership change) where a batch of machines fell silent
+        together, the machines' own findings otherwise."""
+        cadence = self.cadence
+        ready = {
+            k
+            for k, (seen, _) in self._pending.items()
+            if now - seen >= (cadence.silence_settle_s if k[1] == "silence" else cadence.settle_s)
+        }
+        if not ready:
+            return []
+        out: list[Finding] = []
+        for batch in self._silent_batches():
+            if not all(k in ready for k in batch):
+                ready -= set(batch)  # the newest of the batch still waits for its neighbours
+                continue
+            if len(batch) < self.config.batch_min_machines:
+                continue  # a lone machine: its own or its domain's finding, below
+            ready -= set(batch)
+            out += self._settle_batch(window, now, batch)
         by_domain: dict[str, list[tuple[int, str]]] = {}
         for key in ready:
             by_domain.setdefault(window.machines[key[0]].domain, []).append(key)
-        out: list[Finding] = []
         for domain, keys in by_domain.items():
             if domain:
                 in_domain = [k for k in self._pending if window.machines[k[0]].domain == domain]
                 members = {m for m, _ in in_domain} | self._domain_members.get(domain, set())
-                size = sum(1 for info in window.machines if info.domain == domain)
-                needed = max(cfg.domain_min_machines, math.ceil(cfg.domain_fraction * size))
-                if len(members) >= needed:
+                if len(members) >= self._domain_needed(window, domain):
                     findings = [self._pending.pop(k)[1] for k in in_domain]
                     if domain not in self._domain_members:
                         out.append(domain_finding(window, domain, findings, sorted(members)))
@@ -79,6 +99,53 @@ class Episodes:
                     continue
             out.extend(self._pending.pop(k)[1] for k in keys)
         return out
+
+    def _domain_needed(self, window: JobWindow, domain: str) -> int:
+        size = sum(1 for info in window.machines if info.domain == domain)
+        return max(self.config.domain_min_machines, math.ceil(self.config.domain_fraction * size))
+
+    def _silent_batches(self) -> list[list[tuple[int, str]]]:
+        """Held silence findings grouped by onset: a new batch starts after a gap longer than
+        ``batch_spread_s``."""
+        held = sorted(
+            (finding.first_sec, key)
+            for key, (_, finding) in self._pending.items()
+            if key[1] == "silence"
+        )
+        batches: list[list[tuple[int, str]]] = []
+        last = None
+        for first, key in held:
+            if last is None or first - last > self.cadence.batch_spread_s:
+                batches.append([])
+            batches[-1].append(key)
+            last = first
+        return batches
+
+    def _settle_batch(
+        self, window: JobWindow, now: int, batch: list[tuple[int, str]]
+    ) -> list[Finding]:
+        """Machines that fell silent together: their domain's fault when they are (enough of)
+        one domain, else a membership change of the job."""
+        findings = [self._pending.pop(k)[1] for k in batch]
+        machines = sorted({k[0] for k in batch})
+        domains = {window.machines[m].domain for m in machines}
+        domain = next(iter(domains))
+        if len(domains) == 1 and domain:
+            members = set(machines) | self._domain_members.get(domain, set())
+            if len(members) >= self._domain_needed(window, domain):
+                new = domain not in self._domain_members
+                self._domain_members[domain] = members
+                return [domain_finding(window, domain, findings, sorted(members))] if new else []
+        reporting = int(window.active().sum()) - len(machines)
+        first = min(f.first_sec for f in findings)
+        window.depart(
+            machines,
+            "left_together",
+            float(first),
+            f"{len(machines)} machines fell silent within "
+            f"{self.cadence.batch_spread_s:.0f} s of each other while {reporting} kept reporting",
+        )
+        return []
 
 
 def domain_finding(

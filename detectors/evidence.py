@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.config import DetectorConfig
+from detectors.config import Cadence
 from detectors.window import JobWindow
 
 
@@ -18,15 +18,15 @@ def similarity_evidence(
     col: int,
     machine: int,
     peers: np.ndarray,
-    config: DetectorConfig,
+    cadence: Cadence,
 ) -> dict[str, Any]:
     """The machine's recent values of series ``col`` against its peers' median and 10–90 % band.
 
-    Covers the continuity period (at most a minute) so an operator sees the deviation start;
-    ``missing_samples`` counts the machine's absent seconds in the scored window, which was
-    scored on what was present.
+    Covers the continuity period (at most 60 samples) so an operator sees the deviation start;
+    ``missing_samples`` counts the machine's absent samples in the scored window, which was
+    scored on what was present. One value per tick of ``interval_s`` seconds.
     """
-    length = max(config.window_s, min(config.continuity_s, 60))
+    length = max(cadence.window, min(cadence.continuity, 60))
     series = window.window(now, length, np.asarray([col]))[:, :, 0]
     peer_values = series[:, peers]
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -38,11 +38,12 @@ def similarity_evidence(
     return {
         "rule": None,
         "peers": int(peers.size),
-        "window_start_ts": now - length + 1,
+        "window_start_ts": (window.tick_of(now) - length + 1) * window.tick_s,
+        "interval_s": window.tick_s,
         "machine_window": floats(own),
         "peer_median_window": floats(peer_median),
         "peer_band_window": [floats(low), floats(high)],
-        "missing_samples": int(np.isnan(own[-config.window_s :]).sum()),
+        "missing_samples": int(np.isnan(own[-cadence.window :]).sum()),
     }
 
 

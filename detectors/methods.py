@@ -61,7 +61,13 @@ def method_factory(
     from detectors.engine import MinderDetector  # noqa: PLC0415
 
     if "no_continuity" in ablations:
-        cfg = replace(cfg, continuity_s=1, severe_continuity_s=1)
+        cfg = replace(
+            cfg,
+            continuity_s=1,
+            severe_continuity_s=1,
+            continuity_samples=1,
+            severe_continuity_samples=1,
+        )
     scorer = "pairwise" if method == "pairwise" else "median"
     no_denoiser = "no_denoiser" in ablations
     prioritise = "no_prioritisation" not in ablations

@@ -1,15 +1,20 @@
 """Immediate rules for hard faults: XID/ECC, GPU lost, NIC link down, PCIe downgrade, NVLink and
 symbol errors, and silence of a machine whose peers still report.
 
-Each rule reads the job window at one second and returns :class:`Finding` objects. They keep no
-state of their own; only the events rule consumes the window's pending events.
+Each rule reads the job window at one evaluation (``now``: the last second of the tick being
+evaluated) and returns :class:`Finding` objects. They keep no state of their own; only the events
+rule consumes the window's pending events. Durations follow the sampling interval of what they
+read (:meth:`DetectorConfig.at_interval`): a GPU whose series come every 15 s is lost after three
+missed scrapes, not after three seconds.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from detectors.config import DetectorConfig
+from detectors.config import Cadence, DetectorConfig
 from detectors.findings import Finding
 from detectors.window import NEVER, JobWindow
 from minder.core.alert import AlertKind
@@ -24,6 +29,20 @@ _EVENT_RULES: dict[EventKind, tuple[str, str]] = {
     EventKind.LINK_DOWN: ("nic", "rdma_port_up"),
     EventKind.NVLINK_ERROR: ("nvlink", "gpu_nvlink_error_count"),
 }
+
+
+@lru_cache(maxsize=256)
+def cadence_for(config: DetectorConfig, interval_s: float) -> Cadence:
+    """``config.at_interval(interval_s)``, cached (rules ask every evaluation)."""
+    return config.at_interval(interval_s)
+
+
+def _metric_cadence(
+    window: JobWindow, cols: np.ndarray, config: DetectorConfig
+) -> tuple[int, Cadence]:
+    """Ticks per sample of a metric's series (the coarsest of its devices) and its durations."""
+    every = int(window.series_every[cols].max()) if cols.size else 1
+    return every, cadence_for(config, float(every * window.tick_s))
 
 
 def evaluate_rules(
@@ -121,7 +140,7 @@ def port_down_findings(window: JobWindow, now: int) -> list[Finding]:
     cols, devices = window.columns_of("rdma_port_up")
     if cols.size == 0:
         return []
-    history = window.window(now, window.horizon_s, cols)
+    history = window.window(now, window.slots, cols)
     current = history[-1]
     peer_up = np.nanmedian(current) if np.isfinite(current).any() else np.nan
     out = []
@@ -130,8 +149,12 @@ def port_down_findings(window: JobWindow, now: int) -> list[Finding]:
         was_up = bool(np.nanmax(series, initial=0) >= 1) or peer_up >= 1
         if not was_up:
             continue
-        up_secs = np.flatnonzero(series >= 1)
-        first = now - (len(series) - 1 - int(up_secs[-1])) + 1 if up_secs.size else now
+        up_ticks = np.flatnonzero(series >= 1)
+        now_tick = window.tick_of(now)
+        first_tick = (
+            now_tick - (len(series) - 1 - int(up_ticks[-1])) + 1 if up_ticks.size else now_tick
+        )
+        first = first_tick * window.tick_s
         out.append(
             Finding(
                 machine=int(m),
@@ -157,11 +180,13 @@ def lost_gpu_findings(window: JobWindow, now: int, config: DetectorConfig) -> li
         return []
     last_seen = window.last_seen()
     machine_last = window.machine_last_seen()
-    reporting = machine_last >= now
+    # Reported in the tick being evaluated, and is part of the job.
+    reporting = (machine_last >= window.tick_of(now) * window.tick_s) & window.active()
     out = []
     for device, cols in devices.items():
         device_last = last_seen[:, cols].max(axis=1)
-        gone = reporting & (device_last != NEVER) & (now - device_last >= config.lost_device_s)
+        limit = _metric_cadence(window, np.asarray(cols), config)[1].lost_device_s
+        gone = reporting & (device_last != NEVER) & (now - device_last >= limit)
         for m in np.flatnonzero(gone):
             out.append(
                 Finding(
@@ -189,17 +214,20 @@ def level_below_peers_findings(
     cols, devices = window.columns_of(metric)
     if cols.size == 0:
         return []
-    persist = config.level_persist_s
+    every, cadence = _metric_cadence(window, cols, config)
+    samples = cadence.level_persist
+    persist = samples * every
     recent = window.window(now, persist, cols)
     peer_level = np.nanmedian(recent) if np.isfinite(recent).any() else np.nan
     if not np.isfinite(peer_level):
         return []
     present = np.isfinite(recent).sum(axis=0)
     below = np.where(np.isfinite(recent), recent < peer_level - 0.5, True).all(axis=0)
-    hits = np.argwhere(below & (present >= max(1, persist - 1)) & np.isfinite(recent[-1]))
+    newest = np.isfinite(recent[-every:]).any(axis=0)
+    hits = np.argwhere(below & (present >= max(1, samples - 1)) & newest)
     out = []
     for m, c in hits:
-        value = float(recent[-1, m, c])
+        value = float(recent[-every:, m, c][np.isfinite(recent[-every:, m, c])][-1])
         out.append(
             Finding(
                 machine=int(m),
@@ -207,7 +235,7 @@ def level_below_peers_findings(
                 family="pcie",
                 metric=metric,
                 score=float(peer_level - value),
-                first_sec=now - persist + 1,
+                first_sec=(window.tick_of(now) - persist + 1) * window.tick_s,
                 devices=(devices[c],),
                 evidence={"rule": "pcie_downgrade", "value": value, "peers": float(peer_level)},
             )
@@ -218,13 +246,17 @@ def level_below_peers_findings(
 def repeated_error_findings(
     window: JobWindow, now: int, metric: str, family: str, config: DetectorConfig
 ) -> list[Finding]:
-    """Error counts on ``error_seconds`` or more of the last ``window_s`` seconds."""
+    """Error counts in ``error_seconds`` or more of the last ``window_s`` seconds (in as many
+    samples at coarse sampling)."""
     cols, devices = window.columns_of(metric)
     if cols.size == 0:
         return []
-    recent = window.window(now, config.window_s, cols)
+    every, cadence = _metric_cadence(window, cols, config)
+    length = cadence.window * every
+    recent = window.window(now, length, cols)
     seconds_with_errors = (np.nan_to_num(recent) > 0).sum(axis=0)
-    hits = np.argwhere((seconds_with_errors >= config.error_seconds) & (recent[-1] > 0))
+    newest = (np.nan_to_num(recent[-every:]) > 0).any(axis=0)
+    hits = np.argwhere((seconds_with_errors >= cadence.error_ticks) & newest)
     out = []
     for m, c in hits:
         first = np.flatnonzero(np.nan_to_num(recent[:, m, c]) > 0)[0]
@@ -235,30 +267,43 @@ def repeated_error_findings(
                 family=family,
                 metric=metric,
                 score=float(np.nansum(recent[:, m, c])),
-                first_sec=now - config.window_s + 1 + int(first),
+                first_sec=(window.tick_of(now) - length + 1 + int(first)) * window.tick_s,
                 devices=(devices[c],),
                 evidence={
                     "rule": "repeated_errors",
                     "errors": float(np.nansum(recent[:, m, c])),
                     "seconds_with_errors": int(seconds_with_errors[m, c]),
-                    "window_s": config.window_s,
+                    "window_s": length * window.tick_s,
                 },
             )
         )
     return out
 
 
-def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
-    """Machines silent for ``silence_s`` while most of their peers reported just now."""
+def job_quiet(window: JobWindow, now: int) -> bool:
+    """Most of the job's machines reported neither in this tick nor the one before: the job
+    stopped (or its stream did); no machine is to blame."""
     last = window.machine_last_seen()
-    if last.size == 0:
+    known = window.active()
+    if not known.any():
+        return False
+    reporting = known & (last >= (window.tick_of(now) - 1) * window.tick_s)
+    return bool(reporting.sum() < 0.5 * known.sum())
+
+
+def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:
+    """Machines silent for ``silence_s`` (at least ``silence_intervals`` of their sampling
+    interval) while most of their peers reported just now."""
+    last = window.machine_last_seen()
+    if last.size == 0 or job_quiet(window, now):
         return []
-    known = last != NEVER
-    reporting = last >= now - 1
-    if reporting.sum() < 0.5 * known.sum():
-        # Most of the job is quiet: the job stopped, or the stream did; no machine is to blame.
-        return []
-    silent = known & (now - last >= config.silence_s)
+    known = window.active()
+    reporting = known & (last >= (window.tick_of(now) - 1) * window.tick_s)
+    intervals = window.machine_interval_s[: last.size]
+    limit = np.maximum(
+        cadence_for(config, float(window.tick_s)).silence_s, config.silence_intervals * intervals
+    )
+    silent = known & (now - last >= limit)
     return [
         Finding(
             machine=int(m),
@@ -271,6 +316,7 @@ def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> lis
                 "rule": "silence",
                 "last_sample_ts": int(last[m]),
                 "silent_s": int(now - last[m]),
+                "interval_s": float(intervals[m]),
                 "peers_reporting": int(reporting.sum()),
             },
         )

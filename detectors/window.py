@@ -1,25 +1,58 @@
-"""Per-job sliding window of the newest seconds: machine × series ring buffer.
+"""Per-job sliding window of the newest samples: machine × series ring buffer.
 
-A *series* is one ``(metric, device)`` pair. Samples are bucketed by whole second (``floor(ts)``);
-the buffer keeps the newest ``horizon_s`` seconds, so detection never re-scans history.
+A *series* is one ``(metric, device)`` pair. Samples are bucketed by *tick*, the job's sampling
+interval: one second for the node agent, 15 or 60 s for a Prometheus scrape. The window learns
+the tick from the data (each series' spacing, :meth:`JobWindow.calibrate`), re-buckets what it
+holds once it knows, and keeps the newest ``slots`` ticks, so detection never re-scans history.
+Series sampled more coarsely than the tick (a 15 s scrape beside 1 s agent data) are known by
+their own spacing (:attr:`JobWindow.series_every`), which the detector follows per metric.
+
+The window also keeps the job's membership: a machine that said goodbye (a ``leave`` event) or
+left with a batch of others is *departed* until it reports again; a machine that (re)joins is
+compared with its peers only once it has a full window (:attr:`JobWindow.joined_sec`). The
+changes are queued as :class:`MembershipChange` for the service to log and count.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from minder.core.metrics import METRICS, MetricSpec
-from minder.core.records import Event, NodeBatch
+from minder.core.records import Event, EventKind, NodeBatch
 
 logger = logging.getLogger(__name__)
 
 NEVER = -(2**62)
 """``last_seen`` value of something never seen."""
+MAX_TICK_S = 300
+"""Coarsest sampling interval the window follows (longer spacing is a gap, not a cadence)."""
+CALIBRATE_MIN_S = 3
+"""Seconds of data before the sampling interval is first estimated."""
+CALIBRATE_MAX_S = 600
+"""Seconds of data after which the interval is estimated from whatever was seen."""
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    """A change of a job's membership: not a fault, but what an operator wants to see.
+
+    ``change`` is ``joined`` (a machine reported for the first time, or again after leaving),
+    ``left`` (it said goodbye), ``left_together`` (a batch fell silent together while the rest
+    kept reporting: a scale-down) or ``quiet`` (most of the job stopped reporting: it ended,
+    or its stream did).
+    """
+
+    job: str
+    change: str
+    machines: tuple[str, ...]
+    ts: float
+    reason: str = ""
 
 
 @dataclass(slots=True)
@@ -59,18 +92,40 @@ class JobWindow:
         Seconds kept; must cover the detection window and the silence rule's look-back.
     """
 
-    def __init__(self, job: str, horizon_s: int = 64) -> None:
+    def __init__(self, job: str, horizon_s: int = 64, *, tick_s: int | None = None) -> None:
         if horizon_s < 2:
-            raise ValueError(f"horizon_s is {horizon_s!r}: expected at least 2 seconds")
+            raise ValueError(f"horizon_s is {horizon_s!r}: expected at least 2 ticks")
+        if tick_s is not None and not 1 <= tick_s <= MAX_TICK_S:
+            raise ValueError(f"tick_s is {tick_s!r}: expected 1 to {MAX_TICK_S} seconds")
         self.job = job
-        self.horizon_s = horizon_s
+        self.slots = horizon_s
+        """Ticks kept (seconds at the agent's 1-second tick)."""
+        self.tick_s = tick_s or 1
+        """Seconds per tick: the job's finest sampling interval, learnt unless given."""
+        self.calibrated = tick_s is not None
+        self.cadence_known = tick_s is not None
+        """The tick has been estimated (or given) at least once: detection may start."""
+        self.series_every = np.ones(0, dtype=np.int64)
+        """Per series, its sampling interval in ticks (1 unless sampled more coarsely)."""
+        self.machine_interval_s = np.ones(0)
+        """Per machine, the interval of its finest series, seconds."""
+        self._first_seen = np.full((0, 0), NEVER, dtype=np.int64)
+        self._n_seen = np.zeros((0, 0), dtype=np.int32)
+        self._calibrate_from = NEVER
+        self.departed = np.zeros(0, dtype=bool)
+        """Machines that left the job (goodbye, or silent with a batch of others)."""
+        self.joined_sec = np.full(0, NEVER, dtype=np.int64)
+        """Second each machine (re)joined: its first sample, or its first after leaving."""
+        self.membership: list[MembershipChange] = []
+        self.cadence_version = 0
+        """Incremented each time the tick or a series' interval changes."""
         self.machines: list[MachineInfo] = []
         self.machine_index: dict[str, int] = {}
         self.series: list[tuple[str, str]] = []
         self.series_index: dict[tuple[str, str], int] = {}
         self.series_spec: list[MetricSpec] = []
         self._values = np.full((horizon_s, 0, 0), np.nan, dtype=np.float32)
-        self._slot_sec = np.full(horizon_s, NEVER, dtype=np.int64)
+        self._slot_tick = np.full(horizon_s, NEVER, dtype=np.int64)
         self._last_seen = np.full((0, 0), NEVER, dtype=np.int64)
         self._machine_last_seen = np.full(0, NEVER, dtype=np.int64)
         self.newest_sec = NEVER
@@ -90,6 +145,23 @@ class JobWindow:
     @property
     def n_series(self) -> int:
         return len(self.series)
+
+    @property
+    def horizon_s(self) -> int:
+        """Seconds of history the buffer covers (``slots`` ticks)."""
+        return self.slots * self.tick_s
+
+    def tick_of(self, sec: int) -> int:
+        """Tick holding second ``sec``."""
+        return sec // self.tick_s
+
+    def tick_end(self, tick: int) -> int:
+        """Last second of ``tick``."""
+        return (tick + 1) * self.tick_s - 1
+
+    def interval_of(self, cols: np.ndarray) -> np.ndarray:
+        """Sampling interval (seconds) of each series in ``cols``."""
+        return self.series_every[cols] * self.tick_s
 
     def machine_id(self, name: str, group: str = "", domain: str = "") -> int:
         """Index of ``name``, registering it (and updating its labels) as needed."""
@@ -117,6 +189,10 @@ class JobWindow:
             self.series_index[key] = idx
             self.series_spec.append(METRICS[metric])
             self._grow(series=idx + 1)
+            if self.calibrated and self.newest_sec != NEVER:
+                # A series that appears mid-job: learn its interval too.
+                self.calibrated = False
+                self._calibrate_from = self.newest_sec
         return idx
 
     def _grow(self, machines: int | None = None, series: int | None = None) -> None:
@@ -128,23 +204,35 @@ class JobWindow:
         # Grow by doubling so registering many machines costs amortised O(1) copies.
         m_cap = m_now if m_need <= m_now else max(m_need, 2 * m_now, 8)
         k_cap = k_now if k_need <= k_now else max(k_need, 2 * k_now, 16)
-        values = np.full((self.horizon_s, m_cap, k_cap), np.nan, dtype=np.float32)
+        values = np.full((self.slots, m_cap, k_cap), np.nan, dtype=np.float32)
         values[:, :m_now, :k_now] = self._values
-        last_seen = np.full((m_cap, k_cap), NEVER, dtype=np.int64)
-        last_seen[:m_now, :k_now] = self._last_seen
-        machine_last = np.full(m_cap, NEVER, dtype=np.int64)
-        machine_last[:m_now] = self._machine_last_seen
-        self._values, self._last_seen, self._machine_last_seen = values, last_seen, machine_last
+        self._values = values
+        self._last_seen = _grown(self._last_seen, (m_cap, k_cap), NEVER)
+        self._first_seen = _grown(self._first_seen, (m_cap, k_cap), NEVER)
+        self._n_seen = _grown(self._n_seen, (m_cap, k_cap), 0)
+        self._machine_last_seen = _grown(self._machine_last_seen, (m_cap,), NEVER)
+        self.joined_sec = _grown(self.joined_sec, (m_cap,), NEVER)
+        self.departed = _grown(self.departed, (m_cap,), False)
+        self.machine_interval_s = _grown(self.machine_interval_s, (m_cap,), float(self.tick_s))
+        self.series_every = _grown(self.series_every, (k_cap,), 1)
+
+    def ensure_slots(self, slots: int) -> None:
+        """Keep at least ``slots`` ticks (a metric sampled coarsely needs a longer window)."""
+        if slots > self.slots:
+            self._rebucket(self.tick_s, slots)
 
     # -- ingest -----------------------------------------------------------------------------
     def _slot(self, sec: int) -> int | None:
-        """Slot of ``sec``, clearing a slot that still holds an older second; None if too old."""
-        if self.newest_sec != NEVER and sec <= self.newest_sec - self.horizon_s:
+        """Slot of ``sec``'s tick, clearing a slot that still holds an older tick; None if too
+        old."""
+        tick = sec // self.tick_s
+        newest_tick = self.newest_sec // self.tick_s if self.newest_sec != NEVER else NEVER
+        if newest_tick != NEVER and tick <= newest_tick - self.slots:
             return None
-        slot = sec % self.horizon_s
-        if self._slot_sec[slot] != sec:
+        slot = tick % self.slots
+        if self._slot_tick[slot] != tick:
             self._values[slot] = np.nan
-            self._slot_sec[slot] = sec
+            self._slot_tick[slot] = tick
         self.newest_sec = max(self.newest_sec, sec)
         return slot
 
@@ -152,26 +240,33 @@ class JobWindow:
         """Place one node batch (samples and events) in the window."""
         sec = math.floor(batch.ts)
         m = self.machine_id(batch.node, batch.group, batch.domain)
+        leaving = [e for e in batch.events if e.kind is EventKind.LEAVE]
         for event in batch.events:
-            self.events.append(PendingEvent(m, event))
+            if event.kind is not EventKind.LEAVE:
+                self.events.append(PendingEvent(m, event))
         self.stats.events += len(batch.events)
-        if not batch.samples:
+        if batch.samples:
+            layout_key = tuple((name, dev) for name, dev, _ in batch.samples)
+            cols = self._layout_cache.get(layout_key)
+            if cols is None:
+                cols = np.fromiter(
+                    (self.series_id(name, dev) for name, dev in layout_key),
+                    dtype=np.int64,
+                    count=len(layout_key),
+                )
+                if len(self._layout_cache) < 4096:
+                    self._layout_cache[layout_key] = cols
+            values = np.fromiter((s[2] for s in batch.samples), dtype=np.float32, count=len(cols))
+            self.add_arrays(sec, np.full(len(cols), m), cols, values)
+        elif len(leaving) < len(batch.events) or not batch.events:
             self._mark_machine(m, sec)
-            return
-        layout_key = tuple((name, dev) for name, dev, _ in batch.samples)
-        cols = self._layout_cache.get(layout_key)
-        if cols is None:
-            cols = np.fromiter(
-                (self.series_id(name, dev) for name, dev in layout_key),
-                dtype=np.int64,
-                count=len(layout_key),
-            )
-            if len(self._layout_cache) < 4096:
-                self._layout_cache[layout_key] = cols
-        values = np.fromiter((s[2] for s in batch.samples), dtype=np.float32, count=len(cols))
-        self.add_arrays(sec, np.full(len(cols), m), cols, values)
+        if leaving:
+            reason = leaving[-1].message or "goodbye"
+            self.depart([m], "left", leaving[-1].ts, reason)
 
     def _mark_machine(self, m: int, sec: int) -> None:
+        if self._machine_last_seen[m] == NEVER or self.departed[m]:
+            self._join(np.asarray([m]), sec)
         self._machine_last_seen[m] = max(self._machine_last_seen[m], sec)
 
     def add_arrays(
@@ -179,15 +274,160 @@ class JobWindow:
     ) -> int:
         """Place samples of one second given as parallel index arrays; returns how many fit."""
         self.stats.samples += len(values)
+        newer = self.newest_sec == NEVER or sec > self.newest_sec
         slot = self._slot(sec)
         if slot is None:
             self.stats.too_old += len(values)
             return 0
         self._values[slot, machines, cols] = values
         last = self._last_seen[machines, cols]
+        if not self.calibrated:
+            fresh = sec > last
+            self._n_seen[machines, cols] += fresh
+            first = self._first_seen[machines, cols]
+            self._first_seen[machines, cols] = np.where(first == NEVER, sec, first)
+            if self._calibrate_from == NEVER:
+                self._calibrate_from = sec
         self._last_seen[machines, cols] = np.maximum(last, sec)
-        np.maximum.at(self._machine_last_seen, machines, sec)
+        if len(machines):
+            # Every sample of the call has the same second: a plain (duplicate-safe) assignment.
+            seen = self._machine_last_seen[machines]
+            joining = (seen == NEVER) | self.departed[machines]
+            if joining.any():
+                self._join(np.unique(machines[joining]), sec)
+            self._machine_last_seen[machines] = np.maximum(seen, sec)
+        if newer and not self.calibrated and sec - self._calibrate_from >= CALIBRATE_MIN_S:
+            self.calibrate(final=sec - self._calibrate_from >= CALIBRATE_MAX_S)
         return len(values)
+
+    # -- membership -------------------------------------------------------------------------
+    def _join(self, machines: np.ndarray, sec: int) -> None:
+        back = machines[self.departed[machines]]
+        self.joined_sec[machines] = sec
+        self.departed[machines] = False
+        if back.size:
+            self.membership.append(
+                MembershipChange(
+                    self.job, "joined", tuple(self.machines[m].name for m in back), float(sec)
+                )
+            )
+
+    def depart(self, machines: Sequence[int], change: str, ts: float, reason: str = "") -> None:
+        """Drop ``machines`` from the job until they report again (not a fault)."""
+        idx = np.asarray(sorted(set(machines)), dtype=np.int64)
+        idx = idx[~self.departed[idx]]
+        if not idx.size:
+            return
+        self.departed[idx] = True
+        names = tuple(self.machines[m].name for m in idx)
+        self.membership.append(MembershipChange(self.job, change, names, float(ts), reason))
+        logger.info(
+            "job %s: %d machine(s) %s (%s): %s",
+            self.job,
+            len(names),
+            change.replace("_", " "),
+            reason[:120] or "no reason given",
+            ", ".join(n[:64] for n in names[:8]) + (" …" if len(names) > 8 else ""),
+        )
+
+    def note(self, change: str, ts: float, reason: str = "") -> None:
+        """Queue a job-level membership change that drops no machine (``quiet``)."""
+        self.membership.append(MembershipChange(self.job, change, (), float(ts), reason))
+
+    def take_membership(self) -> list[MembershipChange]:
+        """Remove and return the queued membership changes."""
+        out, self.membership = self.membership, []
+        return out
+
+    def active(self) -> np.ndarray:
+        """Machines that are part of the job: reported at least once and not departed."""
+        n = self.n_machines
+        return (self._machine_last_seen[:n] != NEVER) & ~self.departed[:n]
+
+    # -- sampling interval ------------------------------------------------------------------
+    def calibrate(self, *, final: bool = False) -> bool:
+        """Estimate the tick and each series' interval from the samples' spacing so far.
+
+        A series' interval is the median, over machines with three samples or more, of its
+        mean spacing (missing samples stretch it a little; duplicates and late samples do not
+        count); the tick is the finest series interval, in whole seconds. Returns True once
+        estimated; until most series have three samples (or ``final``), nothing changes.
+        """
+        n, k = self.n_machines, self.n_series
+        counts = self._n_seen[:n, :k]
+        seen = counts >= 1
+        enough = counts >= 3
+        if not seen.any() or (enough.sum() < 0.5 * seen.sum() and not final):
+            return False
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spacing = np.where(
+                enough,
+                (self._last_seen[:n, :k] - self._first_seen[:n, :k]) / np.maximum(counts - 1, 1),
+                np.nan,
+            )
+        if not np.isfinite(spacing).any():
+            if final:
+                self.calibrated = self.cadence_known = True
+                self._first_seen[:] = NEVER
+            return self.calibrated
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # series with no estimate yet
+            per_series = np.nanmedian(spacing, axis=0)
+            per_machine = np.nanmin(spacing, axis=1)
+        known = np.isfinite(per_series)
+        tick = int(min(MAX_TICK_S, max(1, round(float(per_series[known].min())))))
+        every = np.ones(k, dtype=np.int64)
+        every[known] = np.clip(np.rint(per_series[known] / tick), 1, None).astype(np.int64)
+        changed = tick != self.tick_s or not np.array_equal(every, self.series_every[:k])
+        if tick != self.tick_s:
+            logger.info(
+                "job %s: sampling interval %d s (was %d s); window re-bucketed",
+                self.job,
+                tick,
+                self.tick_s,
+            )
+            self._rebucket(tick, self.slots)
+        self.series_every[:k] = every
+        self.machine_interval_s[:n] = np.where(
+            np.isfinite(per_machine), np.maximum(per_machine, tick), tick
+        )
+        if changed:
+            self.cadence_version += 1
+            slow = sorted({int(e) * tick for e in every.tolist() if e > 1})
+            if slow:
+                logger.info(
+                    "job %s: series sampled every %s s beside the %d s tick",
+                    self.job,
+                    ", ".join(map(str, slow)),
+                    tick,
+                )
+        self.calibrated = self.cadence_known = True
+        self._n_seen[:] = 0
+        self._first_seen[:] = NEVER
+        return True
+
+    def _rebucket(self, tick_s: int, slots: int) -> None:
+        """Move what the buffer holds to ticks of ``tick_s`` seconds and ``slots`` slots."""
+        old_values, old_ticks, old_tick_s = self._values, self._slot_tick, self.tick_s
+        values = np.full((slots, *old_values.shape[1:]), np.nan, dtype=np.float32)
+        slot_tick = np.full(slots, NEVER, dtype=np.int64)
+        newest = self.newest_sec // tick_s if self.newest_sec != NEVER else NEVER
+        for old_slot in np.argsort(old_ticks).tolist():  # oldest first: newer values win
+            old = int(old_ticks[old_slot])
+            if old == NEVER:
+                continue
+            tick = old * old_tick_s // tick_s
+            if newest != NEVER and tick <= newest - slots:
+                continue
+            slot = tick % slots
+            if slot_tick[slot] != tick:
+                values[slot] = np.nan
+                slot_tick[slot] = tick
+            src = old_values[old_slot]
+            present = np.isfinite(src)
+            values[slot][present] = src[present]
+        self._values, self._slot_tick = values, slot_tick
+        self.slots, self.tick_s = slots, tick_s
 
     def add_samples(
         self,
@@ -210,25 +450,27 @@ class JobWindow:
 
     # -- views ------------------------------------------------------------------------------
     def window(self, end_sec: int, length: int, cols: np.ndarray | None = None) -> np.ndarray:
-        """Values of seconds ``end_sec-length+1 … end_sec`` as ``[length, machines, series]``.
+        """Values of the ``length`` ticks up to the one holding ``end_sec``, as
+        ``[length, machines, series]`` (seconds at the 1-second tick).
 
         ``cols`` restricts the series (and the copy) to those indices. Seconds the buffer no
         longer (or never) held are all-NaN.
         """
-        length = min(length, self.horizon_s)
+        length = min(length, self.slots)
         m, k = self.n_machines, self.n_series
-        secs = np.arange(end_sec - length + 1, end_sec + 1)
-        slots = secs % self.horizon_s
+        end = end_sec // self.tick_s
+        ticks = np.arange(end - length + 1, end + 1)
+        slots = ticks % self.slots
         if cols is None:
             out = self._values[slots, :m, :k].copy()
         else:
             out = self._values[slots[:, None], :m, cols[None, :]].transpose(0, 2, 1).copy()
-        stale = self._slot_sec[slots] != secs
+        stale = self._slot_tick[slots] != ticks
         out[stale] = np.nan
         return out
 
     def at(self, sec: int) -> np.ndarray:
-        """Values of one second as ``[machines, series]`` (NaN where absent)."""
+        """Values of the tick holding ``sec`` as ``[machines, series]`` (NaN where absent)."""
         return self.window(sec, 1)[0]
 
     def last_seen(self) -> np.ndarray:
@@ -261,3 +503,10 @@ class JobWindow:
     def metrics(self) -> Sequence[str]:
         """Metric names present, in first-seen order."""
         return list(dict.fromkeys(name for name, _ in self.series))
+
+
+def _grown(array: np.ndarray, shape: tuple[int, ...], fill: object) -> np.ndarray:
+    """``array`` copied into a larger one of ``shape`` filled with ``fill``."""
+    out = np.full(shape, fill, dtype=array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out

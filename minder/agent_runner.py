@@ -19,8 +19,21 @@ batches spooled under one job are still delivered under that job after the agent
 another.
 
 Stopping (:meth:`AgentRunner.stop`, SIGINT or SIGTERM in :meth:`AgentRunner.run`) ends the
-collection, makes a last attempt to deliver the spool (``final_flush_s``), and leaves what is left
-on disk for the next start.
+collection, spools a *goodbye* (:meth:`collectors.agent.Agent.goodbye`: a batch with no samples
+and one :attr:`~minder.core.records.EventKind.LEAVE` event, ``"agent stopped: SIGTERM"``) right
+after the last data batch, makes a last attempt to deliver the spool (``final_flush_s``), and
+leaves what is left on disk for the next start: a goodbye that could not be delivered (broker
+unreachable) goes out at the next start like any spooled batch. A crash (SIGKILL, power loss)
+sends no goodbye: the service then sees the node fall silent.
+
+The goodbye tells the detection service that the node leaves its job on purpose, so the service
+drops it from the job instead of reporting it silent; the node is back as soon as it reports
+again. The agent cannot tell a stop for good (the job ends, the node is drained) from a restart
+in place (``systemctl restart``, a DaemonSet rollout): both arrive as SIGTERM. The goodbye is
+therefore sent on every clean stop, and a restart costs the node only a drop and a re-join a few
+seconds later (the service re-learns it as it does any joining node), never an alert. An agent
+that is restarted often and never leaves its job on purpose can be run with ``goodbye=False``
+(``minder agent --no-goodbye``): then its stops, a job's end included, look like silence.
 
 The sender never dies: an unexpected error in one pass (the spool's disk full or failing, a bug)
 is logged once per exception type, counted in ``send_errors`` and retried with backoff. A spooled
@@ -92,6 +105,8 @@ class RunnerStats:
         Batches that could not be written to the spool (disk full, batch larger than the spool).
     corrupt_dropped
         Spooled records dropped because they could not be unframed (damaged or foreign).
+    goodbyes
+        Goodbye batches (a ``leave`` event, at a clean stop) written to the spool.
     last_error
         The latest delivery error.
     """
@@ -103,6 +118,7 @@ class RunnerStats:
     missed_ticks: int = 0
     spool_errors: int = 0
     corrupt_dropped: int = 0
+    goodbyes: int = 0
     last_error: str = ""
 
 
@@ -167,10 +183,14 @@ class AgentRunner:
         Delay before retrying after a failed delivery, doubled at each failure up to the max.
     final_flush_s
         How long :meth:`stop` keeps trying to deliver the spool.
+    goodbye
+        Spool a goodbye batch (a ``leave`` event) after the last collection of a clean stop,
+        before the final flush (see the module's docstring).
     send_timeout_s
         Longest wait for one run's acknowledgements (``None``: the sender's default).
     on_batch
-        Called in the collector thread with each batch after it was spooled (tests, benches).
+        Called in the collector thread with each collected batch after it was spooled (tests,
+        benches); not with the goodbye.
     clock
         Unix time for the batches' ``ts``.
     """
@@ -188,6 +208,7 @@ class AgentRunner:
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 10.0,
         final_flush_s: float = 5.0,
+        goodbye: bool = True,
         send_timeout_s: float | None = None,
         on_batch: Callable[[NodeBatch], None] | None = None,
         clock: Callable[[], float] = time.time,
@@ -217,6 +238,8 @@ class AgentRunner:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._final_flush_s = final_flush_s
+        self._goodbye = goodbye
+        self._stop_reason: str | None = None
         self._send_timeout_s = send_timeout_s
         self._on_batch = on_batch
         self._clock = clock
@@ -249,18 +272,26 @@ class AgentRunner:
             ", ".join(s.name for s in self.agent.sources) or "no source",
         )
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop collecting, try to deliver the spool for up to ``final_flush_s``, and join.
+    def stop(self, timeout_s: float | None = None, *, reason: str = "stop requested") -> None:
+        """Stop collecting, spool the goodbye, try to deliver the spool for up to
+        ``final_flush_s``, and join.
 
-        What is not delivered stays in the spool for the next start.
+        ``reason`` goes into the goodbye's message (``"agent stopped: <reason>"``) unless a
+        signal already stopped the runner (then its name does). What is not delivered stays in
+        the spool for the next start.
         """
-        self._stop.set()
-        self._wake.set()
+        self._request_stop(reason)
         limit = self._final_flush_s + 30.0 if timeout_s is None else timeout_s
         for thread in self._threads:
             thread.join(timeout=limit)
             if thread.is_alive():
                 logger.error("agent thread %s did not stop within %g s", thread.name, limit)
+
+    def _request_stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason  # read by the collector thread once it sees the stop
+        self._stop.set()
+        self._wake.set()
 
     @property
     def running(self) -> bool:
@@ -273,9 +304,9 @@ class AgentRunner:
         if handle_signals and threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, _frame: FrameType | None) -> None:
-                logger.info("signal %s: stopping the agent", signal.Signals(signum).name)
-                self._stop.set()
-                self._wake.set()
+                name = signal.Signals(signum).name
+                logger.info("signal %s: stopping the agent", name)
+                self._request_stop(name)
 
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[signum] = signal.signal(signum, on_signal)
@@ -328,8 +359,32 @@ class AgentRunner:
     def _collect_loop(self) -> None:
         try:
             self._collect_until_stopped()
+            if self._goodbye:
+                self._spool_goodbye()
         finally:
             self._collector_done.set()
+
+    def _spool_goodbye(self) -> None:
+        """Append the goodbye after the last collected batch (the sender flushes it next)."""
+        agent = self.agent
+        reason = self._stop_reason or "stop requested"
+        try:
+            batch = agent.goodbye(self._clock(), reason)
+            self.spool.append(frame(batch.job, encode_batch(batch, self.fmt)))
+        except (ValidationError, OSError) as exc:
+            logger.error("goodbye of %s/%s not spooled: %s", agent.job, agent.node, exc)
+            return
+        except Exception:
+            logger.exception("goodbye of %s/%s not spooled", agent.job, agent.node)
+            return
+        self.stats.goodbyes += 1
+        self._wake.set()
+        logger.info(
+            "agent %s/%s stopped (%s): goodbye spooled, the node leaves its job",
+            agent.job,
+            agent.node,
+            reason,
+        )
 
     def _collect_until_stopped(self) -> None:
         interval = self.interval_s

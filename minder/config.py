@@ -48,6 +48,51 @@ class KafkaSettings(BaseModel):
     heartbeat_interval_ms: int = Field(1_000, ge=100)
 
 
+class PrometheusSourceSettings(BaseModel):
+    """Prometheus as a metrics source of ``minder serve`` (docs/sources.md §8): dcgm-exporter,
+    node_exporter and agent series polled every step, instead of or beside Kafka."""
+
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="base URL, e.g. http://prometheus:9090; none = this source is off",
+    )
+    step_s: float = Field(
+        15.0, ge=1, le=3600, description="sampling interval: set it to the scrape interval"
+    )
+    match: list[str] = Field(
+        default_factory=list,
+        description="PromQL label matchers added to every selector, e.g. '{cluster=\"a\"}'",
+    )
+    job_labels: list[str] = Field(
+        # as collectors.prometheus.DEFAULT_JOB_LABELS (not imported: settings stay light)
+        default_factory=lambda: ["slurm_job_id", "job_id", "SLURM_JOB_ID", "hpc_job"],
+        description="labels naming the job, first present wins ('a+b' joins two)",
+    )
+    machine_labels: list[str] = Field(
+        # as collectors.prometheus.DEFAULT_MACHINE_LABELS
+        default_factory=lambda: ["machine", "Hostname", "hostname", "node", "instance"],
+        description="labels naming the machine, first present wins ('instance' loses its port)",
+    )
+    default_job: str | None = Field(
+        None, min_length=1, description="job of machines whose series carry no job label"
+    )
+    lag_s: float = Field(
+        30.0, ge=0, description="read this far behind now, so that the scrapes have landed"
+    )
+    timeout_s: float = Field(10.0, gt=0, description="timeout of each HTTP request")
+    rate_window_s: float | None = Field(
+        None, gt=0, description="range of rate() for counters (default: twice the step)"
+    )
+    max_catchup_s: float = Field(
+        900.0,
+        gt=0,
+        description="after failed polls, at most this much of the missed range is read again; "
+        "older steps are skipped and counted",
+    )
+    bearer_token: str | None = Field(None, description="for a Prometheus behind authentication")
+
+
 class DatabaseSettings(BaseModel):
     """Alert and job storage."""
 
@@ -219,6 +264,7 @@ class Settings(BaseSettings):
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    prometheus: PrometheusSourceSettings = Field(default_factory=PrometheusSourceSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     detection: DetectionSettings = Field(default_factory=DetectionSettings)

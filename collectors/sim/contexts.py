@@ -118,7 +118,10 @@ class SignalContext:
     gpu_absent
         ``(T, N, G)`` the GPU reports nothing (fell off the bus).
     silent
-        ``(T, N)`` the machine sends nothing.
+        ``(T, N)`` the machine sends nothing (its events are lost too).
+    away
+        ``(T, N)`` the machine is out of the job (it has not joined yet, or it left): it sends
+        no samples; the batch of a goodbye (a ``leave`` event) still goes out.
     rates_absent
         ``(T, N)`` the machine sends no rate metric (its agent re-primes its counters).
     nic_of_gpu
@@ -134,6 +137,7 @@ class SignalContext:
     values: dict[str, np.ndarray]
     gpu_absent: np.ndarray
     silent: np.ndarray
+    away: np.ndarray
     rates_absent: np.ndarray
     nic_of_gpu: np.ndarray
     n_nics: int

@@ -4,6 +4,11 @@ Both outputs use the same delivery order, so the offline table lists rows in the
 stream delivers them: by delivery second; within a second on-time batches by machine, then late
 ones by their own second and machine; a duplicate right after its original. Late batches due
 after the last second arrive with the last second.
+
+A goodbye (the batch of a ``leave`` event an agent sends as it stops) never overtakes the
+machine's earlier batches: the agent delivers its spool in order, so when one of them is late
+the goodbye waits for it (it is then delivered in the same second, after it). Within a second,
+goodbyes come with the late batches.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import numpy as np
 from collectors.sim.contexts import PlannedEvent
 from collectors.sim.engine import Chunk
 from collectors.sim.plan import JobPlan
+from minder.core.records import EventKind
 
 STREAM_DELIVERY = 3
 MAX_LATE_S = 3
+_LEAVE = EventKind.LEAVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,7 @@ class Deliverer:
             delay = np.where(late, lag, 0)
             copies += rng.random((t, n))[rows_t, rows_m] < spec.duplicate_rate
         deliver = np.minimum(second + delay, last_second)
+        self._goodbyes_last(chunk, flat, rows_m, second, deliver)
         values = chunk.values.reshape(t * n, s)
         present = chunk.present.reshape(t * n, s)
         events = {int(k[0] * n + k[1]): v for k, v in chunk.events.items()}
@@ -107,8 +115,13 @@ class Deliverer:
             # A carried duplicate is carried twice (its copies count is 2).
             self._carry = _repeat(self._carry, copies[later])
         rows, deliver, copies = rows[now], deliver[now], copies[now]
-        is_late = row_second[rows] < deliver
-        order = np.lexsort((row_machine[rows], row_second[rows], is_late, deliver))
+        # Late batches after the on-time ones; goodbyes with them, so that one waiting for a
+        # late batch of its machine comes after it (they sort by their own second).
+        after = row_second[rows] < deliver
+        goodbyes = [r for r, planned in events.items() if any(e.kind is _LEAVE for e in planned)]
+        if goodbyes:
+            after |= np.isin(rows, goodbyes)
+        order = np.lexsort((row_machine[rows], row_second[rows], after, deliver))
         rows, deliver, copies = rows[order], deliver[order], copies[order]
         return Delivery(
             values=values,
@@ -119,6 +132,29 @@ class Deliverer:
             order=np.repeat(rows, copies),
             deliver=np.repeat(deliver, copies),
         )
+
+    def _goodbyes_last(
+        self,
+        chunk: Chunk,
+        flat: np.ndarray,
+        machine: np.ndarray,
+        second: np.ndarray,
+        deliver: np.ndarray,
+    ) -> None:
+        """Delay each goodbye row of ``chunk`` (in place in ``deliver``) until the machine's
+        earlier batches, of this chunk or carried from the previous one, are delivered."""
+        n = chunk.values.shape[1]
+        carried = self._carry
+        for (t, m), planned in chunk.events.items():
+            if not any(e.kind is _LEAVE for e in planned):
+                continue
+            i = int(np.searchsorted(flat, t * n + m))
+            before = deliver[(machine == m) & (second < second[i])]
+            bound = int(before.max()) if len(before) else 0
+            if carried is not None and len(carried.order):
+                own = carried.deliver[carried.machine[carried.order] == m]
+                bound = max(bound, int(own.max()) if len(own) else 0)
+            deliver[i] = max(int(deliver[i]), bound)
 
 
 def _repeat(carry: Delivery, copies: np.ndarray) -> Delivery:

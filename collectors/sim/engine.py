@@ -32,6 +32,7 @@ from collectors.sim.signals import (
 )
 from collectors.sim.timeline import EVAL_INTENSITY
 from minder.core.metrics import METRICS, DeviceFamily, MetricKind
+from minder.core.records import EventKind
 
 CHUNK_S = 120
 
@@ -49,7 +50,8 @@ class Chunk:
     present
         ``(T, N, S)`` the sample was sent.
     sent
-        ``(T, N)`` the machine sent a batch that second (samples or events).
+        ``(T, N)`` the machine sent a batch that second (samples or events; a goodbye is a
+        batch of one ``leave`` event and no samples).
     events
         Events per ``(second offset within the chunk, machine)``.
     """
@@ -129,6 +131,7 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
         values=clean_signals(plan.layout.metrics, inputs),
         gpu_absent=np.zeros((len(seconds), n, g), dtype=bool),
         silent=np.zeros((len(seconds), n), dtype=bool),
+        away=np.zeros((len(seconds), n), dtype=bool),
         rates_absent=np.zeros((len(seconds), n), dtype=bool),
         nic_of_gpu=plan.nic_of_gpu,
         n_nics=spec.nics_per_machine,
@@ -142,7 +145,7 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
     for name in layout.metrics:
         values[:, :, layout.slices[name]] = reported(name, ctx.values[name], rng, spec.noise)
     present = _present(plan, ctx, states.dead[out], rng)
-    events = _events(plan, first, stop, ctx.silent)
+    events = _events(plan, first, stop, ctx.silent, ctx.away)
     sent = np.asarray(present.any(axis=2))
     for t, m in events:
         sent[t, m] = True
@@ -178,6 +181,7 @@ def _present(
         rate_series = np.array([METRICS[m].kind is MetricKind.RATE for m in layout.series_metric])
         present[:, :, rate_series] &= ~ctx.rates_absent[:, :, None]
     present[ctx.silent] = False
+    present[ctx.away] = False
     if plan.spec.missing_rate > 0:
         # Drop a binomial number of random samples (a draw per sample costs 10x more).
         dropped = rng.binomial(present.size, plan.spec.missing_rate)
@@ -186,11 +190,17 @@ def _present(
 
 
 def _events(
-    plan: JobPlan, first: int, stop: int, silent: np.ndarray
+    plan: JobPlan, first: int, stop: int, silent: np.ndarray, away: np.ndarray
 ) -> dict[tuple[int, int], list[PlannedEvent]]:
+    """Events by (second offset, machine): none from a silent machine, and only the goodbye
+    (a ``leave`` event, sent as the agent stops) from a machine out of the job."""
     out: dict[tuple[int, int], list[PlannedEvent]] = {}
     for event in plan.events:
         second = event_second(event)
-        if first <= second < stop and not silent[second - first, event.machine]:
-            out.setdefault((second - first, event.machine), []).append(event)
+        if not first <= second < stop:
+            continue
+        cell = (second - first, event.machine)
+        if silent[cell] or (away[cell] and event.kind is not EventKind.LEAVE):
+            continue
+        out.setdefault(cell, []).append(event)
     return out

@@ -8,7 +8,10 @@ Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
 * a fail-slow device (PCIe downgrade, NVLink errors, bad cable, hot GPU) slows every step of
   the whole job, and shows on its own machine in the device's counters;
 * silence (an unreachable machine, a rebooting switch, a restarting agent) means no batch at
-  all.
+  all;
+* a machine out of the job (a late joiner before it joins, a machine scaled down, restarting
+  in a rolling restart, or at the job's end) sends no samples either; one that leaves cleanly
+  sends a last batch with only a ``leave`` event (its agent's goodbye).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from collectors.sim.contexts import Injection, PlannedEvent, SignalContext, StateContext
+from collectors.sim.kinds import MEMBERSHIP_CONFOUNDERS
 from collectors.sim.physics import (
     THROTTLE_REASON_THERMAL,
     Phase,
@@ -33,6 +37,8 @@ DEFAULT_XID = 119
 """XID of a generic ``gpu_xid``: GSP RPC timeout, a common fatal XID on H100 nodes."""
 XID_DBE = 48
 XID_FELL_OFF_BUS = 79
+GOODBYE_MESSAGE = "agent stopped: SIGTERM"
+"""Message of the ``leave`` event a cleanly stopped agent sends (minder.agent_runner)."""
 PCIE_GEN5_X16_BYTES = 64e9
 FLAP_S = 2
 
@@ -208,8 +214,22 @@ def apply_signals(injection: Injection, ctx: SignalContext) -> None:
             # difference from: the agent sends its levels and counts but no rates.
             back = seconds == math.ceil(target.end_s)
             ctx.rates_absent[_rows(back, machines)] = True
+        case kind if kind in MEMBERSHIP_CONFOUNDERS:
+            _membership(injection, ctx)
         case _:
             pass
+
+
+def _membership(injection: Injection, ctx: SignalContext) -> None:
+    """Machines out of the job send nothing; one (re)joining sends no rate in its first second
+    (its agent has no previous counter reading yet)."""
+    seconds = ctx.seconds
+    for machine, (leave, back) in zip(
+        injection.target.machines, injection.target.away, strict=True
+    ):
+        ctx.away[(seconds + 1 > leave) & (seconds < back), machine] = True
+        if math.isfinite(back):
+            ctx.rates_absent[seconds == math.ceil(back), machine] = True
 
 
 def _port_down(
@@ -303,6 +323,13 @@ def planned_events(
             for flap in injection.flaps:
                 for k in target.nics:
                     emit(EventKind.LINK_DOWN, nic_names[k], flap)
+        case kind if kind in MEMBERSHIP_CONFOUNDERS and target.goodbye:
+            # The goodbye: each machine's own, at the time it leaves.
+            for machine, (leave, _back) in zip(target.machines, target.away, strict=True):
+                if math.isfinite(leave):
+                    out.append(
+                        PlannedEvent(leave, machine, EventKind.LEAVE, "", None, GOODBYE_MESSAGE)
+                    )
         case _:
             pass
     return out

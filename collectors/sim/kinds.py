@@ -82,11 +82,52 @@ class ConfounderType(StrEnum):
         restarts (or sees a counter go backwards) drops the first difference instead of
         emitting a negative or huge rate, so the detector sees a short gap, never a bogus
         value (docs/architecture.md §3.1).
+
+    Membership confounders: machines join and leave the job on purpose. A machine out of the
+    job sends no batch at all (no samples, not NaN values); an agent that stops cleanly sends
+    one last batch with no samples and a ``leave`` event (``EventKind.LEAVE``, device ``""``,
+    ``"agent stopped: SIGTERM"``) in the first second it is gone, never ahead of its late
+    batches (the agent delivers in order); an agent that starts (a late joiner, a machine back
+    from a restart) sends no rate metric in its first second, as after ``agent_restart``.
+    Training goes on undisturbed on the machines that stay.
+
+    ``late_join``
+        ``machine`` or ``machines`` (a count drawn from the seed, or a list; default one
+        machine) report nothing before ``start_s``, then like their peers.
+    ``scale_down``
+        ``machine`` or ``machines`` (default one) stop reporting for good, each at a time drawn
+        in ``[start_s, start_s + spread_s)`` (``spread_s`` default 3 s). ``goodbye`` (default
+        true): each sends a ``leave`` event as it stops; false: they fall silent (a scheduler
+        killing them).
+    ``rolling_restart``
+        ``machine`` or ``machines`` (a count, a list, default every machine of the job)
+        restart one after another, ``every_s`` apart (default 60 s) from ``start_s`` in index
+        (or listed) order: each leaves with a ``leave`` event, stays away ``duration_s``
+        (default 30 s), then reports again.
+    ``job_end``
+        Every machine of the job stops for good at a time drawn in ``[start_s, start_s +
+        spread_s)``, with or without ``goodbye`` (default true) as ``scale_down``; the scenario
+        may end a little after.
     """
 
     BLIP = "blip"
     EVAL_PHASE = "eval_phase"
     AGENT_RESTART = "agent_restart"
+    LATE_JOIN = "late_join"
+    SCALE_DOWN = "scale_down"
+    ROLLING_RESTART = "rolling_restart"
+    JOB_END = "job_end"
+
+
+MEMBERSHIP_CONFOUNDERS = frozenset(
+    {
+        ConfounderType.LATE_JOIN,
+        ConfounderType.SCALE_DOWN,
+        ConfounderType.ROLLING_RESTART,
+        ConfounderType.JOB_END,
+    }
+)
+"""Confounders where machines join or leave the job (their absence sends nothing at all)."""
 
 
 GPU_FAULTS = frozenset(

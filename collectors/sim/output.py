@@ -147,7 +147,8 @@ def iter_batches(
     ------
     tuple[float, list[NodeBatch]]
         ``ts`` (end of the second, unix time) and the batches delivered in it: silent machines
-        send none, a lost GPU's samples are absent, late batches carry their own earlier ``ts``.
+        send none, machines out of the job none but their goodbye (no samples, one ``leave``
+        event), a lost GPU's samples are absent, late batches carry their own earlier ``ts``.
         Chunks of seconds are generated as they are needed.
     """
     origin = scenario.start_ts if start_ts is None else float(start_ts)

@@ -21,9 +21,16 @@ Example::
     confounders:
       - {type: blip, machine: 5, start_s: 120}
       - {type: eval_phase, start_s: 1000, duration_s: 120}
+      - {type: agent_restart, machine: 9, start_s: 400, duration_s: 6}
+      - {type: late_join, machines: [llm-n0120, llm-n0121], start_s: 90}
+      - {type: scale_down, machines: 8, start_s: 900, spread_s: 3, goodbye: false}
+      - {type: rolling_restart, machines: 4, start_s: 1200, every_s: 45, duration_s: 40}
+      - {type: job_end, start_s: 1790, spread_s: 5}
 
 Machines are addressed by index (``0`` … ``machines-1``) or by name; ``job`` may be left out when
 the scenario has one job; ``machine`` and ``device`` left out are chosen from the seed.
+``machines`` (membership confounders) is a count of machines drawn from the seed, or a list of
+indices and names. What each confounder does: :class:`~collectors.sim.kinds.ConfounderType`.
 """
 
 from __future__ import annotations
@@ -38,7 +45,13 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from collectors.sim.kinds import GPU_FAULTS, NIC_FAULTS, ConfounderType, FaultType
+from collectors.sim.kinds import (
+    GPU_FAULTS,
+    MEMBERSHIP_CONFOUNDERS,
+    NIC_FAULTS,
+    ConfounderType,
+    FaultType,
+)
 from collectors.sim.targets import resolve_confounder, resolve_fault
 from minder.core.errors import ScenarioError
 from minder.core.metrics import METRICS, metric_spec
@@ -47,6 +60,7 @@ __all__ = [
     "DEFAULT_METRICS",
     "DEFAULT_START_TS",
     "GPU_FAULTS",
+    "MEMBERSHIP_CONFOUNDERS",
     "NIC_FAULTS",
     "ConfounderSpec",
     "ConfounderType",
@@ -292,15 +306,51 @@ _CONFOUNDER_LENGTH_S: dict[ConfounderType, float] = {
     ConfounderType.BLIP: 10.0,
     ConfounderType.EVAL_PHASE: 120.0,
     ConfounderType.AGENT_RESTART: 4.0,
+    ConfounderType.ROLLING_RESTART: 30.0,
 }
-"""Default ``duration_s`` of each confounder type."""
+"""Default ``duration_s`` of each confounder type that has one (``rolling_restart``: each
+machine's time away); the others last until the scenario's end."""
+
+DEFAULT_SPREAD_S = 3.0
+"""``scale_down``, ``job_end``: the machines stop within this many seconds of ``start_s``."""
+DEFAULT_EVERY_S = 60.0
+"""``rolling_restart``: seconds between one machine's restart and the next one's."""
+
+_PERMANENT = frozenset(
+    {ConfounderType.LATE_JOIN, ConfounderType.SCALE_DOWN, ConfounderType.JOB_END}
+)
+"""Confounders that last until the scenario's end (they take no ``duration_s``)."""
+_FIELD_TYPES: dict[str, frozenset[ConfounderType]] = {
+    "machines": frozenset(
+        {ConfounderType.LATE_JOIN, ConfounderType.SCALE_DOWN, ConfounderType.ROLLING_RESTART}
+    ),
+    "spread_s": frozenset({ConfounderType.SCALE_DOWN, ConfounderType.JOB_END}),
+    "goodbye": frozenset({ConfounderType.SCALE_DOWN, ConfounderType.JOB_END}),
+    "every_s": frozenset({ConfounderType.ROLLING_RESTART}),
+}
+"""The confounder types each membership field applies to."""
 
 
 class ConfounderSpec(_Injection):
-    """A benign disturbance (``blip`` or ``agent_restart`` on one machine, ``eval_phase`` on
-    the whole job)."""
+    """A benign disturbance: ``blip`` or ``agent_restart`` on one machine, ``eval_phase`` on the
+    whole job, or a change of the job's membership (``late_join``, ``scale_down``,
+    ``rolling_restart``, ``job_end``; see :class:`~collectors.sim.kinds.ConfounderType`)."""
 
     type: ConfounderType
+    machines: int | tuple[int | str, ...] | None = Field(
+        default=None,
+        description="late_join, scale_down, rolling_restart: a count of machines drawn from the "
+        "seed, or a list of indices and names",
+    )
+    spread_s: float | None = Field(
+        default=None, ge=0.0, le=3600.0, description="scale_down, job_end: default 3 s"
+    )
+    goodbye: bool | None = Field(
+        default=None, description="scale_down, job_end: send a leave event (default true)"
+    )
+    every_s: float | None = Field(
+        default=None, gt=0.0, description="rolling_restart: spacing of the restarts, default 60 s"
+    )
 
     @field_validator("type", mode="before")
     @classmethod
@@ -311,12 +361,66 @@ class ConfounderSpec(_Injection):
             )
         return value
 
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        kind = self.type
+        for name, types in _FIELD_TYPES.items():
+            if getattr(self, name) is not None and kind not in types:
+                raise ValueError(
+                    f"{name} is for {', '.join(sorted(t.value for t in types))}, not {kind.value}"
+                )
+        if kind in _PERMANENT and self.duration_s is not None:
+            raise ValueError(
+                f"{kind.value} lasts until the scenario's end: expected no duration_s, got "
+                f"{self.duration_s!r}"
+            )
+        if kind is ConfounderType.JOB_END and self.machine is not None:
+            raise ValueError(
+                f"job_end stops every machine of the job: expected no machine, got {self.machine!r}"
+            )
+        machines = self.machines
+        if machines is not None and self.machine is not None:
+            raise ValueError(
+                f"{kind.value} got both machine {self.machine!r} and machines {machines!r}: "
+                "expected one of them"
+            )
+        if isinstance(machines, int) and machines < 1:
+            raise ValueError(f"machines is {machines}: expected a count >= 1 or a list")
+        if isinstance(machines, tuple):
+            if not machines:
+                raise ValueError("machines is an empty list: expected at least one machine")
+            if len(set(machines)) != len(machines):
+                raise ValueError(f"machines {list(machines)} name a machine twice")
+        return self
+
     @property
-    def length_s(self) -> float:
-        """Duration in effect (defaults: blip 10 s, eval_phase 120 s, agent_restart 4 s)."""
+    def length_s(self) -> float | None:
+        """Duration in effect (defaults: blip 10 s, eval_phase 120 s, agent_restart 4 s,
+        rolling_restart 30 s away per machine); None for the confounders that last until the
+        scenario's end (late_join, scale_down, job_end)."""
         if self.duration_s is not None:
             return self.duration_s
-        return _CONFOUNDER_LENGTH_S[self.type]
+        return _CONFOUNDER_LENGTH_S.get(self.type)
+
+    @property
+    def spread_in_effect_s(self) -> float:
+        """``spread_s`` in effect (default :data:`DEFAULT_SPREAD_S`)."""
+        return DEFAULT_SPREAD_S if self.spread_s is None else self.spread_s
+
+    @property
+    def every_in_effect_s(self) -> float:
+        """``every_s`` in effect (default :data:`DEFAULT_EVERY_S`)."""
+        return DEFAULT_EVERY_S if self.every_s is None else self.every_s
+
+    @property
+    def says_goodbye(self) -> bool:
+        """Whether each leaving machine sends a ``leave`` event (rolling_restart: always;
+        late_join: nothing leaves)."""
+        if self.type is ConfounderType.ROLLING_RESTART:
+            return True
+        if self.type in MEMBERSHIP_CONFOUNDERS - {ConfounderType.LATE_JOIN}:
+            return True if self.goodbye is None else self.goodbye
+        return False
 
 
 class Scenario(BaseModel):

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collectors.sim.kinds import GPU_FAULTS, NIC_FAULTS, ConfounderType, FaultType
+from collectors.sim.kinds import (
+    GPU_FAULTS,
+    MEMBERSHIP_CONFOUNDERS,
+    NIC_FAULTS,
+    ConfounderType,
+    FaultType,
+)
 
 if TYPE_CHECKING:
-    from collectors.sim.scenario import JobSpec, Scenario
+    from collectors.sim.scenario import ConfounderSpec, JobSpec, Scenario
 
 _FAULT_STREAM = 17
 _CONFOUNDER_STREAM = 18
@@ -34,6 +41,11 @@ class Target:
         Offsets from the scenario start; ``end_s`` is clipped to the scenario's duration.
     clears
         The injection ends before the scenario does (a stalled job then resumes).
+    away
+        Membership confounders: for each of ``machines``, the span ``(leave, back)`` it is out
+        of the job (``-inf`` for a late joiner's leave, ``inf`` for a ``back`` that never comes).
+    goodbye
+        Each leaving machine sends a ``leave`` event at its ``leave`` time.
     """
 
     job: int
@@ -44,6 +56,8 @@ class Target:
     start_s: float
     end_s: float
     clears: bool
+    away: tuple[tuple[float, float], ...] = ()
+    goodbye: bool = False
 
 
 def resolve_fault(scenario: Scenario, index: int) -> Target:
@@ -81,6 +95,8 @@ def resolve_confounder(scenario: Scenario, index: int) -> Target:
     where = f"confounders[{index}]"
     job_index, job = scenario.job(spec.job, where)
     rng = np.random.default_rng([scenario.seed, _CONFOUNDER_STREAM, index])
+    if spec.type in MEMBERSHIP_CONFOUNDERS:
+        return _membership(scenario, spec, job_index, job, rng, where)
     start, end, clears = _span(scenario, spec.start_s, spec.length_s, where)
     if spec.type is ConfounderType.EVAL_PHASE:
         if spec.machine is not None:
@@ -91,6 +107,69 @@ def resolve_confounder(scenario: Scenario, index: int) -> Target:
         return Target(job_index, (), (), (), "", start, end, clears)
     machine = _machine(job, spec.machine, rng, where)
     return Target(job_index, (machine,), (), (), job.domain_of(machine), start, end, clears)
+
+
+def _membership(
+    scenario: Scenario,
+    spec: ConfounderSpec,
+    job_index: int,
+    job: JobSpec,
+    rng: np.random.Generator,
+    where: str,
+) -> Target:
+    """Who leaves (or joins) and when: ``late_join``, ``scale_down``, ``rolling_restart``,
+    ``job_end``."""
+    kind = spec.type
+    start, _end, _clears = _span(scenario, spec.start_s, None, where)
+    if kind is ConfounderType.JOB_END:
+        machines: tuple[int, ...] = tuple(range(job.machines))
+    elif spec.machines is None and spec.machine is None and kind is ConfounderType.ROLLING_RESTART:
+        machines = tuple(range(job.machines))
+    elif spec.machines is None:
+        machines = (_machine(job, spec.machine, rng, where),)
+    elif isinstance(spec.machines, int):
+        if spec.machines > job.machines:
+            raise ValueError(
+                f"{where}.machines: {spec.machines} machines asked of job {job.name!r}, which "
+                f"has {job.machines}: expected a count of 1..{job.machines}"
+            )
+        drawn = rng.choice(job.machines, size=spec.machines, replace=False)
+        machines = tuple(sorted(int(m) for m in drawn))
+    else:
+        machines = tuple(_machine(job, m, rng, where, "machines") for m in spec.machines)
+        if len(set(machines)) != len(machines):
+            raise ValueError(
+                f"{where}.machines: {list(spec.machines)} name a machine twice (by index and "
+                "by name): expected each machine once"
+            )
+    away: list[tuple[float, float]]
+    if kind is ConfounderType.LATE_JOIN:
+        away = [(-math.inf, start)] * len(machines)
+    elif kind is ConfounderType.ROLLING_RESTART:
+        every, length = spec.every_in_effect_s, spec.length_s or 0.0
+        away = [(start + k * every, start + k * every + length) for k in range(len(machines))]
+        # The restarts due after the scenario's end do not happen.
+        kept = [k for k, (leave, _back) in enumerate(away) if leave < scenario.duration_s]
+        machines = tuple(machines[k] for k in kept)
+        away = [away[k] for k in kept]
+    else:  # scale_down, job_end: each stops at its own time within the spread
+        offsets = rng.uniform(0.0, spec.spread_in_effect_s, len(machines))
+        away = [(start + float(o), math.inf) for o in offsets]
+    backs = [back for _leave, back in away]
+    last = max(backs) if kind is ConfounderType.ROLLING_RESTART else math.inf
+    end = float(min(last, scenario.duration_s))
+    return Target(
+        job_index,
+        machines,
+        (),
+        (),
+        job.domain_of(machines[0]),
+        start,
+        end,
+        last < scenario.duration_s,
+        away=tuple(away),
+        goodbye=spec.says_goodbye,
+    )
 
 
 def _span(
@@ -105,13 +184,19 @@ def _span(
     return float(start_s), float(min(end, scenario.duration_s)), end < scenario.duration_s
 
 
-def _machine(job: JobSpec, machine: int | str | None, rng: np.random.Generator, where: str) -> int:
+def _machine(
+    job: JobSpec,
+    machine: int | str | None,
+    rng: np.random.Generator,
+    where: str,
+    field: str = "machine",
+) -> int:
     if machine is None:
         return int(rng.integers(job.machines))
     if isinstance(machine, int):
         if not 0 <= machine < job.machines:
             raise ValueError(
-                f"{where}.machine: index {machine} is out of range: job {job.name!r} has "
+                f"{where}.{field}: index {machine} is out of range: job {job.name!r} has "
                 f"{job.machines} machines (0..{job.machines - 1})"
             )
         return machine
@@ -120,7 +205,7 @@ def _machine(job: JobSpec, machine: int | str | None, rng: np.random.Generator, 
         return names.index(machine)
     except ValueError:
         raise ValueError(
-            f"{where}.machine: unknown machine {machine!r} in job {job.name!r}: expected an "
+            f"{where}.{field}: unknown machine {machine!r} in job {job.name!r}: expected an "
             f"index 0..{job.machines - 1} or a name {names[0]!r}..{names[-1]!r}"
         ) from None
 

@@ -7,24 +7,35 @@ follow the shares of the paper's Table 1 (docs/detection-method.md §3), with at
 :data:`MIN_PER_TYPE` instances of each in the ``standard`` and ``full`` suites; switch reboots
 (the link-loss and the silent form) come on top. Fault-free cases carry only confounders:
 checkpoints, evaluation phases, a heavier last pipeline stage, 10-second blips, agent restarts,
-missing, late and duplicated samples. Everything random is drawn from the suite seed, so a suite
-name and a seed fix every case.
+missing, late and duplicated samples; and most of them a change of the job's membership, which is
+no fault either (:class:`~collectors.sim.kinds.ConfounderType`): machines that join late, a
+scale-down of a batch of machines within seconds (silent, as a scheduler killing them, or with
+each agent's goodbye, a ``leave`` event), a rolling restart (each machine leaves with a goodbye,
+stays away 20-90 s, comes back), and the job's end (every machine stops within seconds, with or
+without goodbyes). Every suite has each of them at least once (``quick`` in its two fault-free
+cases; ``standard`` and ``full`` a silent and a goodbye scale-down, and a job end of each kind).
+Everything random is drawn from the suite seed, so a suite name and a seed fix every case; the
+membership draws come from a stream of their own, so the other draws (and every faulty case)
+are those of the suites before membership confounders were added.
 
 Suites
 ------
 ``quick``
-    One instance of every Table 1 type, a switch reboot and two fault-free runs, 8-32 machines,
-    a few minutes each: for tests and CI.
+    One instance of every Table 1 type, a switch reboot and two fault-free runs (with every
+    membership confounder between them), 8-32 machines, a few minutes each: for tests and CI.
 ``standard``
-    Table 1 shares (~70 faults), switch reboots, fault-free runs; 8-512 machines. The default.
+    Table 1 shares (~70 faults), switch reboots, fault-free runs (six of eight with membership
+    confounders); 8-512 machines. The default.
 ``full``
-    ``standard`` plus faulty jobs of 1024 and 2048 machines and fault-free runs that total over
-    1000 machine-hours, so that false alarms per 1000 machine-hours is measured, not guessed.
+    ``standard`` plus faulty jobs of 1024 and 2048 machines and fault-free runs (with membership
+    confounders) that total over 1000 machine-hours, so that false alarms per 1000
+    machine-hours is measured, not guessed.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +89,21 @@ _STANDARD_SIZES = (8, 16, 16, 32, 32, 64, 64, 128, 128, 256, 512)
 _STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3}
 """``full`` shares ``standard``'s stream, so its first cases are exactly ``standard``'s."""
 _FULL_STREAM = 4
+_MEMBERSHIP_STREAM = 5
+"""Sub-stream of each suite's stream for the membership confounders of its fault-free cases."""
+
+MEMBERSHIP: tuple[str, ...] = (
+    "late_join",
+    "scale_down_silent",
+    "scale_down_goodbye",
+    "rolling_restart",
+    "job_end_silent",
+    "job_end_goodbye",
+)
+"""Membership confounders a fault-free case can be given (:meth:`_Builder.fault_free`)."""
+MIN_GROUP = 4
+"""A scale-down leaves at least this many machines in each peer group (the detector's
+smallest), unless every group is that small already (then one machine leaves)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +212,12 @@ def _quick(b: _Builder) -> list[BenchCase]:
     }
     cases = [b.faulty(kind, size, post_s=180, max_start_s=180) for kind, size in sizes.items()]
     cases.append(b.switch_reboot(32, silent=False, post_s=180, max_start_s=180))
-    cases.append(b.fault_free(16, 600))
-    cases.append(b.fault_free(24, 480, pp_stages=2))
+    cases.append(
+        b.fault_free(16, 600, membership=("late_join", "scale_down_silent", "rolling_restart"))
+    )
+    cases.append(
+        b.fault_free(24, 480, pp_stages=2, membership=("scale_down_goodbye", "job_end_goodbye"))
+    )
     return cases
 
 
@@ -199,8 +229,18 @@ def _standard(b: _Builder) -> list[BenchCase]:
     cases = [b.faulty(kinds[i], sizes[j]) for j, i in enumerate(order)]
     for size, silent in ((32, False), (128, True), (256, False), (64, True)):
         cases.append(b.switch_reboot(size, silent=silent))
-    for size, pp in ((8, 1), (16, 2), (32, 1), (64, 4), (64, 2), (128, 4), (256, 2), (512, 4)):
-        cases.append(b.fault_free(size, 1200, pp_stages=pp))
+    membership: tuple[tuple[int, int, tuple[str, ...]], ...] = (
+        (8, 1, ()),
+        (16, 2, ("late_join", "scale_down_silent")),
+        (32, 1, ("rolling_restart",)),
+        (64, 4, ("job_end_goodbye",)),
+        (64, 2, ()),
+        (128, 4, ("scale_down_goodbye", "job_end_silent")),
+        (256, 2, ("late_join", "rolling_restart")),
+        (512, 4, ("scale_down_silent",)),
+    )
+    for size, pp, moves in membership:
+        cases.append(b.fault_free(size, 1200, pp_stages=pp, membership=moves))
     return cases
 
 
@@ -218,8 +258,10 @@ def _full_extra(b: _Builder) -> list[BenchCase]:
         b.switch_reboot(1024, silent=False),
     ]
     # 2048 x 30 min + 1024 x 30 min = 1536 machine-hours of fault-free data on their own.
-    cases.append(b.fault_free(1024, 1800, pp_stages=4))
-    cases.append(b.fault_free(2048, 1800, pp_stages=8))
+    cases.append(
+        b.fault_free(1024, 1800, pp_stages=4, membership=("rolling_restart", "scale_down_goodbye"))
+    )
+    cases.append(b.fault_free(2048, 1800, pp_stages=8, membership=("late_join", "job_end_goodbye")))
     return cases
 
 
@@ -231,6 +273,8 @@ class _Builder:
 
     def __init__(self, seed: int, stream: int, prefix: str) -> None:
         self.rng = np.random.default_rng([seed, stream])
+        # Membership confounders draw from their own stream, so adding them changed no other draw.
+        self.membership_rng = np.random.default_rng([seed, stream, _MEMBERSHIP_STREAM])
         self.prefix = prefix
         self.count = 0
 
@@ -340,8 +384,20 @@ class _Builder:
         )
         return BenchCase(name, scenario, "switch_reboot", machines, duration, False, text)
 
-    def fault_free(self, machines: int, duration_s: int, pp_stages: int | None = None) -> BenchCase:
-        """A job with no fault and every kind of confounder."""
+    def fault_free(
+        self,
+        machines: int,
+        duration_s: int,
+        pp_stages: int | None = None,
+        membership: tuple[str, ...] = (),
+    ) -> BenchCase:
+        """A job with no fault and every kind of confounder, plus the ``membership``
+        confounders named (of :data:`MEMBERSHIP`)."""
+        unknown = sorted(set(membership) - set(MEMBERSHIP))
+        if unknown:
+            raise ValueError(
+                f"membership confounders {unknown}: expected some of {', '.join(MEMBERSHIP)}"
+            )
         rng = self.rng
         name = self._name("fault_free", machines)
         job = self._job(name, machines, pp_stages)
@@ -367,10 +423,88 @@ class _Builder:
                     "duration_s": length,
                 }
             )
+        moves = self._membership(membership, machines, job["pp_stages"], duration_s)
+        confounders += [entry for entry, _text in moves]
         scenario = self._scenario(job, duration_s, confounders=confounders)
-        kinds = sorted({c["type"] for c in confounders})
-        text = f"pp{job['pp_stages']}, checkpoints, {', '.join(kinds)}"
+        kinds = sorted({c["type"] for c in confounders} - {entry["type"] for entry, _ in moves})
+        text = f"pp{job['pp_stages']}, checkpoints, {', '.join([*kinds, *(t for _, t in moves)])}"
         return BenchCase(name, scenario, None, machines, duration_s, True, text)
+
+    def _membership(
+        self, kinds: tuple[str, ...], machines: int, pp_stages: int, duration_s: int
+    ) -> list[tuple[dict[str, Any], str]]:
+        """The confounder entries (and their description) of the membership ``kinds``, each on
+        other machines."""
+        rng = self.membership_rng
+        used: set[int] = set()
+
+        def pick(count: int, keep_groups: bool = False) -> list[int]:
+            """``count`` unused machines; with ``keep_groups`` fewer when more would leave a
+            peer group smaller than :data:`MIN_GROUP` (but one at least)."""
+            left = Counter(i * pp_stages // machines for i in range(machines))
+            order = [i for i in rng.permutation(machines).tolist() if i not in used]
+            out: list[int] = []
+            for i in order:
+                group = i * pp_stages // machines
+                if len(out) == count:
+                    break
+                if keep_groups and left[group] <= MIN_GROUP:
+                    continue
+                left[group] -= 1
+                out.append(i)
+            if not out:  # every group is at its minimum already: one machine leaves anyway
+                out = order[:1]
+            used.update(out)
+            return sorted(out)
+
+        out: list[tuple[dict[str, Any], str]] = []
+        for kind in kinds:
+            if kind == "late_join":
+                joiners = pick(int(rng.integers(1, max(1, machines // 16) + 1)))
+                start = float(rng.integers(30, duration_s // 4))
+                entry: dict[str, Any] = {"type": kind, "machines": joiners, "start_s": start}
+                text = f"late_join {len(joiners)} at {start:.0f} s"
+            elif kind.startswith("scale_down"):
+                goodbye = kind.endswith("goodbye")
+                leaving = pick(max(1, round(machines * float(rng.uniform(0.05, 0.2)))), True)
+                start = float(rng.integers(WARM_UP_S + 60, duration_s - 240))
+                spread = round(float(rng.uniform(1.0, 5.0)), 1)
+                entry = {
+                    "type": "scale_down",
+                    "machines": leaving,
+                    "start_s": start,
+                    "spread_s": spread,
+                    "goodbye": goodbye,
+                }
+                how = "goodbye" if goodbye else "silent"
+                text = f"scale_down {len(leaving)} {how} at {start:.0f} s"
+            elif kind == "rolling_restart":
+                restarted = pick(int(rng.integers(2, min(6, machines // 2) + 1)))
+                every = round(float(rng.uniform(20.0, 60.0)), 1)
+                away = float(rng.integers(20, 91))
+                latest = duration_s - (len(restarted) - 1) * every - away - 60
+                start = float(rng.integers(WARM_UP_S, max(WARM_UP_S, int(latest)) + 1))
+                entry = {
+                    "type": kind,
+                    "machines": restarted,
+                    "start_s": start,
+                    "every_s": every,
+                    "duration_s": away,
+                }
+                text = f"rolling_restart {len(restarted)} every {every:.0f} s, {away:.0f} s away"
+            else:  # job_end_silent, job_end_goodbye
+                goodbye = kind.endswith("goodbye")
+                start = float(duration_s - int(rng.integers(20, 61)))
+                spread = round(float(rng.uniform(1.0, 5.0)), 1)
+                entry = {
+                    "type": "job_end",
+                    "start_s": start,
+                    "spread_s": spread,
+                    "goodbye": goodbye,
+                }
+                text = f"job_end {'goodbye' if goodbye else 'silent'} at {start:.0f} s"
+            out.append((entry, text))
+        return out
 
 
 # -- fault parameters ------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Collects one batch per interval from the node's sources (GPU via NVML or dcgm-exporter, RDMA
 sysfs, ``ethtool -S`` PFC counters, host, NCCL Inspector, the step probe), serves the last batch
 and the agent's own counters on ``/metrics``, and sends the batches to Kafka through a bounded
-on-disk spool (:mod:`minder.agent_runner`). ``--once`` prints one batch and sends nothing.
+on-disk spool (:mod:`minder.agent_runner`). A clean stop (SIGTERM, SIGINT) sends a last
+*goodbye* batch (a ``leave`` event: the node leaves its job on purpose) unless ``--no-goodbye``.
+``--once`` prints one batch and sends nothing.
 """
 
 from __future__ import annotations
@@ -210,6 +212,15 @@ def agent_command(
         bool, typer.Option("--no-nvml", help="do not read the GPUs through NVML")
     ] = False,
     pfc_priority: Annotated[int, typer.Option(help="PFC priority of the RDMA traffic")] = 3,
+    goodbye: Annotated[
+        bool,
+        typer.Option(
+            "--goodbye/--no-goodbye",
+            help="on a clean stop (SIGTERM, SIGINT) send a last batch saying the node leaves its "
+            "job, so the service drops it instead of reporting it silent (it is back at its next "
+            "batch); --no-goodbye makes every stop look like silence",
+        ),
+    ] = True,
 ) -> None:
     """Run the node agent: collect every interval, serve /metrics, send batches to Kafka."""
     if not interval > 0:
@@ -257,7 +268,7 @@ def agent_command(
             _print_once(agent, interval, output_format)
             return
         _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr)  # fmt: skip
+             metrics_addr, goodbye=goodbye)  # fmt: skip
     finally:
         agent.close()
 
@@ -308,6 +319,8 @@ def _run(
     spool_max_bytes: int,
     metrics_port: int,
     metrics_addr: str,
+    *,
+    goodbye: bool = True,
 ) -> None:
     from pydantic import ValidationError as PydanticValidationError  # noqa: PLC0415
 
@@ -341,6 +354,7 @@ def _run(
             agent,
             spool,
             lambda: KafkaRecordSender(bootstrap, topic=topic, client_id=client_id),
+            goodbye=goodbye,
         )
         exporter.set_sender(runner.sender_counters)
         if metrics_port:
@@ -355,6 +369,7 @@ def _run(
             f"{', '.join(s.name for s in agent.sources)} every {agent.interval_s:g} s -> "
             f"{escape(bootstrap)} ({topic}); spool {spool_dir}"
             + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
+            + ("" if goodbye else "; no goodbye")
             + "; Ctrl-C stops"
         )
         runner.run()

@@ -50,6 +50,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "simulate_command",
         "Simulate a cluster from a scenario file: write the metric table or publish to Kafka.",
     ),
+    "import": LazyCommand(
+        "minder.cli.importer",
+        "import_app",
+        "Import a canonical metric table from Prometheus (dcgm-exporter, node_exporter, agents).",
+    ),
     "train": LazyCommand(
         "minder.cli.train",
         "train_command",

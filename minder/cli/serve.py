@@ -5,12 +5,21 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from enum import StrEnum
 from types import FrameType
 from typing import Annotated
 
 import typer
 
 from minder.cli.common import err, fail, load_settings
+
+
+class SourceChoice(StrEnum):
+    """Where ``minder serve`` reads metrics from."""
+
+    kafka = "kafka"
+    prometheus = "prometheus"
+    both = "both"
 
 
 def serve_command(
@@ -33,12 +42,22 @@ def serve_command(
         int | None,
         typer.Option(min=0, max=65535, help="API port (default MINDER_API__PORT, 8080)"),
     ] = None,
+    source: Annotated[
+        SourceChoice | None,
+        typer.Option(
+            help="metrics from the agents over Kafka, from Prometheus (MINDER_PROMETHEUS__URL: "
+            "dcgm-exporter, node_exporter), or both; default kafka, or prometheus when only "
+            "MINDER_PROMETHEUS__URL is set",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the detection service and its HTTP API (settings from MINDER_* variables).
 
-    It needs a Kafka broker (MINDER_KAFKA__BOOTSTRAP, default 127.0.0.1:9092); without one it
-    stops at once and says so. For a trial on one machine, --embedded-broker starts one.
-    SIGTERM and Ctrl-C stop it cleanly.
+    With Kafka (the default source) it needs a broker (MINDER_KAFKA__BOOTSTRAP, default
+    127.0.0.1:9092); without one it stops at once and says so. For a trial on one machine,
+    --embedded-broker starts one. With --source prometheus it polls MINDER_PROMETHEUS__URL every
+    MINDER_PROMETHEUS__STEP_S seconds instead. SIGTERM and Ctrl-C stop it cleanly.
     """
     from minder.core.errors import MinderError  # noqa: PLC0415
     from minder.logging_setup import configure_logging  # noqa: PLC0415
@@ -49,7 +68,21 @@ def serve_command(
     if port is not None:
         settings.api.port = port
     configure_logging(settings.log_level)
-    if not embedded_broker:
+    if source is None:
+        kafka_set = "kafka" in settings.model_fields_set and (
+            "bootstrap" in settings.kafka.model_fields_set
+        )
+        only_prometheus = settings.prometheus.url is not None and not kafka_set
+        source = SourceChoice.prometheus if only_prometheus else SourceChoice.kafka
+    use_kafka = source is not SourceChoice.prometheus
+    if source is not SourceChoice.kafka and settings.prometheus.url is None:
+        raise fail(
+            f"--source {source.value} needs MINDER_PROMETHEUS__URL: expected the Prometheus "
+            "server's base URL, e.g. http://prometheus:9090"
+        )
+    if embedded_broker and not use_kafka:
+        raise fail("--embedded-broker is a Kafka broker: expected --source kafka or both")
+    if use_kafka and not embedded_broker:
         # Before importing the service (seconds): a missing broker is said in one line at once.
         from minder.stream.topics import check_reachable  # noqa: PLC0415
 
@@ -74,14 +107,21 @@ def serve_command(
                 broker = cleanup.enter_context(EmbeddedBroker(port=broker_port))
                 settings.kafka.bootstrap = broker.bootstrap
                 err.print(f"embedded Kafka broker (Tansu, in memory) on {broker.bootstrap}")
-            stack: Stack = build_stack(settings)
+            stack: Stack = build_stack(settings, source=source.value)
             cleanup.callback(stack.stop)
             stack.start()
         except MinderError as exc:
             raise fail(exc) from None
+        inputs = []
+        if use_kafka:
+            inputs.append(f"Kafka {settings.kafka.bootstrap}")
+        if source is not SourceChoice.kafka:
+            inputs.append(
+                f"Prometheus {settings.prometheus.url} every {settings.prometheus.step_s:g} s"
+            )
         err.print(
             f"Minder is serving on {stack.api_url} (API /api/v1, docs /docs, metrics /metrics, "
-            f"Kafka {settings.kafka.bootstrap}); Ctrl-C or SIGTERM stops it"
+            f"{', '.join(inputs)}); Ctrl-C or SIGTERM stops it"
         )
         try:
             while not stop.wait(0.5):

@@ -7,7 +7,7 @@ extension; CSV may be gzip-compressed (``.csv.gz``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,8 @@ OPTIONAL_COLUMNS = ("device", "group", "domain")
 COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 _TEXT_COLUMNS = ("job", "machine", "metric", "device", "group", "domain")
 _SUFFIXES = (".parquet", ".pq", ".csv", ".csv.gz")
+DEFAULT_CHUNK_ROWS = 1 << 20
+"""Rows of one piece of :class:`TableReader` (about 60 MB in canonical dtypes)."""
 
 
 def table_format(path: str | Path) -> str:
@@ -63,18 +65,108 @@ def read_table(path: str | Path) -> pd.DataFrame:
     return validate_table(frame)
 
 
-def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Validate a table held in memory and return it in canonical dtypes."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+class TableReader:
+    """Reads a canonical metric table piece by piece, so memory does not grow with the table.
+
+    Parquet is read by record batches of at most ``chunk_rows`` rows (within its row groups),
+    CSV by ``pandas.read_csv`` chunks; only the columns asked for are read. Every piece is
+    validated as :func:`read_table` validates the whole table, errors naming the file row.
+
+    Parameters
+    ----------
+    path
+        ``.parquet``/``.pq``/``.csv``/``.csv.gz`` file.
+    chunk_rows
+        Most rows of one piece.
+
+    Raises
+    ------
+    TableError
+        Unknown extension, a required column missing, or ``chunk_rows`` below 1.
+    FileNotFoundError
+        ``path`` does not exist.
+    """
+
+    def __init__(self, path: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
+        self.path = Path(path)
+        self.format = table_format(self.path)
+        if chunk_rows < 1:
+            raise TableError(f"chunk_rows is {chunk_rows!r}: expected at least 1 row")
+        if not self.path.exists():
+            raise FileNotFoundError(f"metric table {str(self.path)!r} does not exist")
+        self.chunk_rows = chunk_rows
+        self.rows: int | None = None
+        """Rows of the file when its metadata says so (Parquet), else None."""
+        if self.format == "parquet":
+            import pyarrow.parquet as pq  # noqa: PLC0415  (only readers of Parquet pay for it)
+
+            metadata = pq.read_metadata(self.path)
+            names = list(metadata.schema.to_arrow_schema().names)
+            self.rows = int(metadata.num_rows)
+        else:
+            names = [str(c) for c in pd.read_csv(self.path, nrows=0, dtype=str).columns]
+        _check_columns(names)
+        self.columns: list[str] = [c for c in COLUMNS if c in names]
+        """The canonical columns the file has, in canonical order."""
+
+    def chunks(self, columns: Iterable[str] | None = None) -> Iterator[tuple[int, pd.DataFrame]]:
+        """Yield ``(first_row, piece)``: validated canonical pieces in file order.
+
+        ``columns`` restricts what is read (the required ones are always read); an optional
+        column not read, or absent from the file, comes back as ``""``.
+        """
+        wanted = set(REQUIRED_COLUMNS) | set(columns if columns is not None else COLUMNS)
+        read = [c for c in self.columns if c in wanted]
+        first_row = 0
+        for frame in self._raw_chunks(read):
+            if len(frame):
+                yield first_row, validate_table(frame, first_row=first_row)
+            first_row += len(frame)
+
+    def _raw_chunks(self, read: list[str]) -> Iterator[pd.DataFrame]:
+        if self.format == "parquet":
+            import pyarrow.parquet as pq  # noqa: PLC0415
+
+            text = [c for c in read if c in _TEXT_COLUMNS]
+            parquet = pq.ParquetFile(
+                self.path, read_dictionary=text, buffer_size=1 << 23, pre_buffer=False
+            )
+            try:
+                for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=read):
+                    yield batch.to_pandas()
+            finally:
+                parquet.close()
+        else:
+            # Everything as text, as read_table reads it: a bad cell is reported by row.
+            with pd.read_csv(
+                self.path, dtype=str, keep_default_na=False, usecols=read, chunksize=self.chunk_rows
+            ) as reader:
+                yield from reader
+
+
+def _check_columns(columns: Sequence[str]) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise TableError(
             f"missing required column(s) {missing}: expected columns {list(REQUIRED_COLUMNS)} "
-            f"and optionally {list(OPTIONAL_COLUMNS)}; found {list(frame.columns)}",
+            f"and optionally {list(OPTIONAL_COLUMNS)}; found {list(columns)}",
             column=missing[0],
         )
+
+
+def validate_table(frame: pd.DataFrame, *, first_row: int = 0) -> pd.DataFrame:
+    """Validate a table held in memory and return it in canonical dtypes.
+
+    ``first_row`` is the file row of the frame's first row (a piece of a larger table): errors
+    name the row of the file.
+    """
+    _check_columns(list(frame.columns))
+    if not frame.index.equals(pd.RangeIndex(len(frame))):
+        # A CSV chunk's index starts at its file row: columns must not align on it.
+        frame = frame.reset_index(drop=True)
     out = pd.DataFrame(index=pd.RangeIndex(len(frame)))
     for column in ("ts", "value"):
-        out[column] = _numeric_column(frame[column], column)
+        out[column] = _numeric_column(frame[column], column, first_row)
     outside = np.flatnonzero((out["ts"] <= 0) | (out["ts"] >= 4_102_444_800.0))
     if outside.size:
         row = int(outside[0])
@@ -82,7 +174,7 @@ def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
             f"timestamp {out['ts'].iloc[row]!r} is not plausible: expected unix seconds between "
             "1970 and 2100",
             column="ts",
-            row=row,
+            row=first_row + row,
         )
     for column in _TEXT_COLUMNS:
         if column in frame.columns:
@@ -99,7 +191,9 @@ def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
             empty = np.flatnonzero(values.cat.codes.to_numpy() == empty_code)
             if empty.size:
                 raise TableError(
-                    "empty value: expected a non-empty name", column=column, row=int(empty[0])
+                    "empty value: expected a non-empty name",
+                    column=column,
+                    row=first_row + int(empty[0]),
                 )
         out[column] = values
     metric_codes = out["metric"].cat.codes.to_numpy()
@@ -112,7 +206,7 @@ def validate_table(frame: pd.DataFrame) -> pd.DataFrame:
             f"unknown metric {unknown[0]!r}: expected one of the canonical names of "
             f"docs/architecture.md §3.1 (e.g. 'gpu_util_ratio', 'pfc_tx_pause_per_second')",
             column="metric",
-            row=row,
+            row=first_row + row,
         )
     return normalize_table(out)
 
@@ -136,7 +230,7 @@ def _stripped_category(series: pd.Series) -> pd.Series:
     return pd.Series(pd.Categorical.from_codes(mapped, categories=categories), index=series.index)
 
 
-def _numeric_column(series: pd.Series, column: str) -> np.ndarray:
+def _numeric_column(series: pd.Series, column: str, first_row: int = 0) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
         values = series.to_numpy(dtype="float64", na_value=np.nan)
     else:
@@ -148,7 +242,7 @@ def _numeric_column(series: pd.Series, column: str) -> np.ndarray:
             f"value {series.iloc[row]!r} is not a finite number: expected a number "
             f"({'unix seconds' if column == 'ts' else 'in the metric base unit'})",
             column=column,
-            row=row,
+            row=first_row + row,
         )
     return values
 
@@ -223,7 +317,11 @@ def write_table(frame: pd.DataFrame, path: str | Path) -> Path:
     if fmt == "parquet":
         frame.to_parquet(path, index=False, compression="zstd")
     else:
-        frame.to_csv(path, index=False, float_format="%.9g")
+        # Values keep 9 significant digits (float32 precision and more); timestamps are written
+        # exactly: at 9 digits every second of a day would read back as the same 1.7637e+09.
+        ts = frame["ts"].to_numpy()
+        exact = ts.astype(np.int64) if bool((np.floor(ts) == ts).all()) else ts.astype(str)
+        frame.assign(ts=exact).to_csv(path, index=False, float_format="%.9g")
     return path
 
 

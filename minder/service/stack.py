@@ -9,17 +9,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from minder.api.app import create_app
 from minder.config import Settings
+from minder.core.alert import Alert
 from minder.core.errors import MinderError
+from minder.core.records import NodeBatch
 from minder.service.delivery import Delivery, build_delivery
 from minder.service.engine import DetectionService
+from minder.service.prometheus_source import PrometheusPoller
 from minder.service.runner import DetectionWorker
 from minder.service.sinks import SqlStateStore
 from minder.service.telemetry import ServiceMetrics
@@ -30,6 +34,27 @@ from minder.stream.topics import check_reachable, ensure_topics
 
 logger = logging.getLogger(__name__)
 
+Source = Literal["kafka", "prometheus", "both"]
+"""Where the service's batches come from (``minder serve --source``)."""
+SOURCES: tuple[Source, ...] = ("kafka", "prometheus", "both")
+
+
+class SharedDetectionService(DetectionService):
+    """A :class:`DetectionService` fed by two threads (Kafka worker and Prometheus poller):
+    one lock around ``ingest`` and ``tick``, so their windows are never changed concurrently."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.RLock()
+
+    def ingest(self, batches: Iterable[NodeBatch]) -> int:
+        with self._lock:
+            return super().ingest(batches)
+
+    def tick(self) -> list[Alert]:
+        with self._lock:
+            return super().tick()
+
 
 @dataclass
 class Stack:
@@ -38,10 +63,11 @@ class Stack:
     settings: Settings
     metrics: ServiceMetrics
     service: DetectionService
-    worker: DetectionWorker
+    worker: DetectionWorker | None
     app: Any
     delivery: Delivery
     engine: Engine | None = None
+    poller: PrometheusPoller | None = None
     server: uvicorn.Server | None = None
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -50,10 +76,13 @@ class Stack:
         return f"http://{self.settings.api.host}:{self.settings.api.port}"
 
     def start(self, *, api: bool = True, wait_ready_s: float = 30.0) -> None:
-        """Start the outbox workers, the detection worker and (optionally) the HTTP API; wait
-        until the API answers."""
+        """Start the outbox workers, the sources (Kafka worker, Prometheus poller) and
+        (optionally) the HTTP API; wait until the API answers."""
         self.delivery.start()
-        self.worker.start()
+        if self.worker is not None:
+            self.worker.start()
+        if self.poller is not None:
+            self.poller.start()
         if not api:
             return
         config = uvicorn.Config(
@@ -81,7 +110,10 @@ class Stack:
             self.server.should_exit = True
         for thread in self._threads:
             thread.join(10)
-        self.worker.stop()
+        if self.poller is not None:
+            self.poller.stop()
+        if self.worker is not None:
+            self.worker.stop()
         self.delivery.stop()
         if self.engine is not None:
             self.engine.dispose()
@@ -92,52 +124,79 @@ def build_stack(
     registry: CollectorRegistry | None = None,
     *,
     actuator: object | None = None,
+    source: Source = "kafka",
 ) -> Stack:
-    """Connect storage and Kafka per ``settings`` and wire the service together.
+    """Connect storage and the metrics source(s) per ``settings`` and wire the service together.
 
-    ``actuator`` replaces the configured scheduler target (tests).
+    ``source``: batches from Kafka (the agents), from Prometheus (``settings.prometheus``,
+    polled every step), or from both. ``actuator`` replaces the configured scheduler target
+    (tests).
     """
+    if source not in SOURCES:
+        raise MinderError(f"source {source!r}: expected one of {', '.join(SOURCES)}")
+    use_kafka = source in ("kafka", "both")
+    use_prometheus = source in ("prometheus", "both")
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
     kafka = settings.kafka
-    # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
-    check_reachable(kafka.bootstrap)
+    if use_kafka:
+        # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
+        check_reachable(kafka.bootstrap)
     metrics = ServiceMetrics(registry)
     engine = create_engine_for(settings.database.url, echo=settings.database.echo)
     upgrade_database(engine)
     sessions = session_factory(engine)
-    ensure_topics(
-        kafka.bootstrap,
-        {
-            kafka.metrics_topic: kafka.partitions,
-            kafka.alerts_topic: kafka.partitions,
-            kafka.deadletter_topic: 1,
-        },
-    )
+    if use_kafka:
+        ensure_topics(
+            kafka.bootstrap,
+            {
+                kafka.metrics_topic: kafka.partitions,
+                kafka.alerts_topic: kafka.partitions,
+                kafka.deadletter_topic: 1,
+            },
+        )
     try:
         delivery = build_delivery(settings, sessions, metrics.registry, actuator=actuator)
     except Exception:
         engine.dispose()
         raise
-    try:
-        consumer = BatchConsumer.from_settings(kafka)
-    except Exception:
-        # Nothing is running yet but these: close them rather than leak threads and sockets.
-        delivery.stop()
-        engine.dispose()
-        raise
     store = SqlStateStore(sessions, delivery.destinations, on_enqueued=delivery.hub.wake)
-    service = DetectionService(
+    service_type = SharedDetectionService if source == "both" else DetectionService
+    service = service_type(
         factory,
         grace_s=settings.detection.grace_s,
         metrics=metrics,
         store=store,
     )
-    worker = DetectionWorker(consumer, service)
+    worker: DetectionWorker | None = None
+    poller: PrometheusPoller | None = None
+    try:
+        if use_prometheus:
+            poller = PrometheusPoller.from_settings(settings.prometheus, service)
+            # One line at once when the URL is wrong, as for Kafka above.
+            poller.reader.check()
+        if use_kafka:
+            worker = DetectionWorker(BatchConsumer.from_settings(kafka), service)
+    except Exception:
+        # Nothing is running yet but these: close them rather than leak threads and sockets.
+        if poller is not None:
+            poller.reader.close()
+        delivery.stop()
+        engine.dispose()
+        raise
+
+    def readiness() -> dict[str, bool]:
+        checks: dict[str, bool] = {}
+        if worker is not None:
+            checks["kafka_group_joined"] = worker.ready
+        if poller is not None:
+            checks["prometheus_polled"] = poller.ready
+        return checks
+
     app = create_app(
         sessions,
         registry=metrics.registry,
-        readiness=lambda: {"kafka_group_joined": worker.ready},
+        readiness=readiness,
         api_token=settings.api.token,
         whatif_roots=settings.whatif.roots or None,
         whatif_workdir=settings.whatif.workdir,
@@ -146,4 +205,4 @@ def build_stack(
         destinations=delivery.destinations,
         on_enqueued=delivery.hub.wake,
     )
-    return Stack(settings, metrics, service, worker, app, delivery, engine)
+    return Stack(settings, metrics, service, worker, app, delivery, engine, poller=poller)

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors.agent import Agent, AgentExporter, SenderCounters
 from collectors.base import Collected, ProblemLog
 from collectors.labels import discover_identity, parse_label, slurm_leaf_switch
+from minder.core.codec import decode_batch, encode_batch
 from minder.core.errors import ValidationError
 from minder.core.metrics import validate_sample
 from minder.core.records import Event, EventKind, Sample
@@ -73,6 +74,29 @@ def test_merges_sources_in_order_with_identity() -> None:
     assert gpu.calls == [T0] and nic.calls == [T0]
     for sample in batch.samples:
         validate_sample(*sample)
+
+
+def test_goodbye_is_one_leave_event_without_samples_and_changes_nothing() -> None:
+    host = FakeSource("host", [("cpu_util_ratio", "", 0.25)])
+    agent = _agent(host, interval_s=2.0)
+    last = agent.collect_once(T0)
+    goodbye = agent.goodbye(T0 + 1.5, "SIGTERM")
+    assert (goodbye.job, goodbye.node, goodbye.ts, goodbye.interval_s) == (
+        "j1",
+        "n1",
+        T0 + 1.5,
+        2.0,
+    )
+    assert goodbye.labels == {"group": "pp0"} and goodbye.samples == []
+    assert goodbye.events == [
+        Event(EventKind.LEAVE, device="", ts=T0 + 1.5, message="agent stopped: SIGTERM")
+    ]
+    # Not a collection: the sources are not read and /metrics keep the last data batch.
+    assert host.calls == [T0]
+    assert agent.last_batch is last and agent.collections_total == 1
+    assert decode_batch(encode_batch(goodbye)).events == goodbye.events
+    with pytest.raises(ValidationError, match="goodbye reason"):
+        agent.goodbye(T0, "")
 
 
 def test_a_raising_source_is_skipped_counted_and_logged_once(

@@ -9,8 +9,17 @@ scrape live targets (an end-to-end test running every panel's query against real
                            [{"targets": ["127.0.0.1:8080"]}]}]) as prom:
         answer = prom.query("sum(minder_jobs)")
 
-The test is skipped, saying why, when the ``prometheus`` binary is absent (Debian package
-``prometheus``, installed by ``.ci/install-deploy-tools.sh``; or set ``PROMETHEUS_BINARY``).
+Stored history instead of live scrapes: write it as OpenMetrics (:func:`write_openmetrics`),
+turn it into TSDB blocks with ``promtool`` (:func:`create_blocks`) and start the server on them
+with a retention long enough to keep them::
+
+    write_openmetrics(path, families)
+    create_blocks(path, tmp_path)
+    with prometheus_server(tmp_path, retention="100y") as prom: ...
+
+The test is skipped, saying why, when the ``prometheus`` or ``promtool`` binary is absent (Debian
+package ``prometheus``, installed by ``.ci/install-deploy-tools.sh``; or set
+``PROMETHEUS_BINARY`` / ``PROMTOOL_BINARY``).
 """
 
 from __future__ import annotations
@@ -37,6 +46,72 @@ from minder.stream.broker import free_port
 def prometheus_binary() -> str | None:
     """``$PROMETHEUS_BINARY``, ``prometheus`` on the PATH or ``/usr/bin/prometheus``."""
     return find_binary("PROMETHEUS_BINARY", "prometheus", "/usr/bin/prometheus")
+
+
+def promtool_binary() -> str | None:
+    """``$PROMTOOL_BINARY``, ``promtool`` on the PATH or ``/usr/bin/promtool``."""
+    return find_binary("PROMTOOL_BINARY", "promtool", "/usr/bin/promtool")
+
+
+@dataclass
+class Family:
+    """One OpenMetrics metric family: ``series`` are ``(labels, timestamps, values)``.
+
+    For a counter, ``name`` is the family name and its samples are written as ``<name>_total``.
+    """
+
+    name: str
+    type: str
+    series: list[tuple[dict[str, str], Sequence[float], Sequence[float]]]
+    help: str = ""
+
+
+def write_openmetrics(path: Path, families: Sequence[Family]) -> int:
+    """Write ``families`` as an OpenMetrics text file with timestamps (seconds) for
+    ``promtool tsdb create-blocks-from openmetrics``; returns the number of samples."""
+    samples = 0
+    with path.open("w", encoding="utf-8") as out:
+        for family in families:
+            out.write(f"# TYPE {family.name} {family.type}\n")
+            if family.help:
+                out.write(f"# HELP {family.name} {family.help}\n")
+            sample_name = f"{family.name}_total" if family.type == "counter" else family.name
+            for labels, stamps, values in family.series:
+                body = ",".join(f'{key}="{value}"' for key, value in labels.items())
+                prefix = f"{sample_name}{{{body}}} " if body else f"{sample_name} "
+                out.writelines(
+                    f"{prefix}{float(value)!r} {float(stamp):.3f}\n"
+                    for stamp, value in zip(stamps, values, strict=True)
+                )
+                samples += len(stamps)
+        out.write("# EOF\n")
+    return samples
+
+
+def create_blocks(openmetrics: Path, directory: Path, timeout: float = 300) -> None:
+    """Turn an OpenMetrics file into TSDB blocks under ``directory / "data"``, where
+    :func:`prometheus_server` with the same ``directory`` keeps its TSDB; skip when ``promtool``
+    is absent."""
+    binary = promtool_binary()
+    if binary is None:
+        pytest.skip(
+            "promtool is not installed: apt-get install prometheus (/usr/bin/promtool) "
+            "or set PROMTOOL_BINARY"
+        )
+    data = directory / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [binary, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"promtool create-blocks-from failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout)[-2000:]}"
+        )
 
 
 @dataclass
@@ -88,9 +163,13 @@ def prometheus_server(
     rule_files: Sequence[Path] = (),
     extra_args: Sequence[str] = (),
     ready_timeout: float = 60,
+    retention: str | None = None,
 ) -> Iterator[PrometheusServer]:
     """Run Prometheus on 127.0.0.1 with its config and TSDB under ``directory`` (a temporary
-    folder when None); skip the calling test when the binary is absent; kill it on exit."""
+    folder when None); skip the calling test when the binary is absent; kill it on exit.
+
+    ``retention`` (e.g. ``"100y"``) keeps blocks of stored history that the default (15 d)
+    would delete at start-up."""
     binary = prometheus_binary()
     if binary is None:
         pytest.skip(
@@ -116,6 +195,7 @@ def prometheus_server(
             f"--storage.tsdb.path={directory / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            *([f"--storage.tsdb.retention.time={retention}"] if retention else []),
             *extra_args,
         ]
         log = stack.enter_context(log_path.open("wb"))

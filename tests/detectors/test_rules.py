@@ -129,7 +129,7 @@ def test_silent_machine_is_named(run_stream) -> None:
     )
     assert [(a.machine, a.kind) for a in alerts] == [("m009", AlertKind.SILENCE)]
     assert alerts[0].first_ts == 1025
-    assert alerts[0].detected_ts == 1025 + cfg.silence_s - 1 + cfg.settle_s
+    assert alerts[0].detected_ts == 1025 + cfg.silence_s - 1 + cfg.at_interval(1).silence_settle_s
 
 
 def test_whole_job_going_quiet_blames_nobody(run_stream) -> None:

@@ -1,4 +1,5 @@
-"""The node agent's run loop: cadence, spool, in-order delivery through outages, clean stop.
+"""The node agent's run loop: cadence, spool, in-order delivery through outages, clean stop
+and its goodbye.
 
 The first tests use an in-process fake sender; the ``kafka`` ones run the real sender against
 an embedded Tansu broker that is stopped and restarted on the same port mid-stream.
@@ -25,7 +26,7 @@ from collectors.base import Collected, ProblemLog
 from minder.agent_runner import AgentRunner, frame, unframe
 from minder.core.codec import decode_batch
 from minder.core.errors import DecodeError, ValidationError
-from minder.core.records import NodeBatch
+from minder.core.records import EventKind, NodeBatch
 from minder.stream.spool import HEADER_BYTES, Spool
 
 with warnings.catch_warnings():
@@ -89,8 +90,11 @@ def _runner(
     *,
     interval_s: float = 0.01,
     max_bytes: int = 1 << 20,
+    goodbye: bool = False,
     **kwargs: object,
 ) -> AgentRunner:
+    """A runner of one counting source; without a goodbye unless asked (the delivery tests count
+    data batches only, the goodbye tests turn it on)."""
     agent = Agent([CountingSource()], job="job-a", node="node-1", labels={}, interval_s=interval_s)
     return AgentRunner(
         agent,
@@ -99,6 +103,7 @@ def _runner(
         clock=_clock(),
         backoff_initial_s=0.01,
         backoff_max_s=0.05,
+        goodbye=goodbye,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -384,19 +389,101 @@ def test_slow_collection_skips_ticks_instead_of_bursting(tmp_path: Path) -> None
     assert runner.stats.collections <= 12  # ~0.5 s / 0.05 s, not 25 bursts
 
 
-def test_run_stops_on_sigterm_with_a_final_flush(tmp_path: Path) -> None:
+def test_run_stops_on_sigterm_with_a_final_flush_and_a_goodbye(tmp_path: Path) -> None:
     delivered: list[tuple[str, bytes]] = []
     up = threading.Event()
     up.set()
-    runner = _runner(tmp_path, lambda: FakeSender(delivered, up), interval_s=0.02)
+    runner = _runner(tmp_path, lambda: FakeSender(delivered, up), interval_s=0.02, goodbye=True)
     before = signal.getsignal(signal.SIGTERM)
     threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     runner.run()
     assert not runner.running
     assert signal.getsignal(signal.SIGTERM) is before
-    assert runner.stats.collections > 3
+    collections = runner.stats.collections
+    assert collections > 3
     assert len(runner.spool) == 0  # the final flush delivered everything collected
+    # Every data batch in order, then the goodbye (whose ts is the clock's next reading).
+    assert _seqs(delivered) == list(range(collections + 1))
+    assert [_leaves(value) for _key, value in delivered] == [0] * collections + [1]
+    goodbye = decode_batch(delivered[-1][1])
+    assert goodbye.events[0].message == "agent stopped: SIGTERM"
+    assert runner.stats.goodbyes == 1 and runner.stats.batches_sent == collections + 1
+
+
+def _leaves(value: bytes) -> int:
+    return sum(e.kind is EventKind.LEAVE for e in decode_batch(value).events)
+
+
+def test_a_clean_stop_sends_one_goodbye_after_the_last_data_batch(tmp_path: Path) -> None:
+    delivered: list[tuple[str, bytes]] = []
+    up = threading.Event()
+    up.set()
+    runner = _runner(tmp_path, lambda: FakeSender(delivered, up), goodbye=True)
+    runner.agent.labels = {"group": "pp1", "domain": "leaf-03"}
+    runner.start()
+    _wait_for(lambda: len(delivered) >= 5, "first deliveries")
+    runner.stop(reason="drained")
+    runner.stop()  # a second stop sends nothing more
+    batches = [decode_batch(value) for _key, value in delivered]
+    assert {key for key, _value in delivered} == {"job-a"}
+    *data, goodbye = batches
+    assert len(data) == runner.stats.collections
+    assert all(b.samples and not b.events for b in data)
+    assert goodbye.samples == [] and len(goodbye.events) == 1
+    event = goodbye.events[0]
+    assert event.kind is EventKind.LEAVE and event.device == ""
+    assert event.message == "agent stopped: drained"
+    assert event.ts == goodbye.ts > data[-1].ts
+    assert (goodbye.job, goodbye.node) == ("job-a", "node-1")
+    assert goodbye.labels == {"group": "pp1", "domain": "leaf-03"}
+    assert runner.stats.goodbyes == 1 and len(runner.spool) == 0
+    # The goodbye is not a collection: the agent's /metrics keep the last data batch.
+    assert runner.agent.last_batch is not None and runner.agent.last_batch.samples
+
+
+def test_no_goodbye_when_switched_off(tmp_path: Path) -> None:
+    delivered: list[tuple[str, bytes]] = []
+    up = threading.Event()
+    up.set()
+    runner = _runner(tmp_path, lambda: FakeSender(delivered, up), goodbye=False)
+    runner.start()
+    _wait_for(lambda: len(delivered) >= 3, "first deliveries")
+    runner.stop()
+    assert runner.stats.goodbyes == 0
+    assert not any(_leaves(value) for _key, value in delivered)
     assert _seqs(delivered) == list(range(runner.stats.collections))
+
+
+def test_an_undelivered_goodbye_waits_in_the_spool_for_the_next_start(tmp_path: Path) -> None:
+    delivered: list[tuple[str, bytes]] = []
+    down = threading.Event()
+    first = _runner(tmp_path, lambda: FakeSender(delivered, down), final_flush_s=0.05, goodbye=True)
+    first.start()
+    _wait_for(lambda: first.stats.collections >= 3, "collections")
+    first.stop()  # the broker is unreachable: the final flush gives up after final_flush_s
+    collections = first.stats.collections
+    assert not delivered and len(first.spool) == collections + 1
+    first.spool.close()
+
+    up = threading.Event()
+    up.set()
+    second = _runner(tmp_path, lambda: FakeSender(delivered, up))
+    while second.deliver_once():
+        pass
+    # The old run's data, then its goodbye, in order, before anything the new run collects.
+    assert _seqs(delivered) == list(range(collections + 1))
+    assert [_leaves(value) for _key, value in delivered] == [0] * collections + [1]
+
+
+def test_spool_only_runner_keeps_its_goodbye(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, None, goodbye=True)
+    runner.start()
+    _wait_for(lambda: runner.stats.collections >= 2, "collections")
+    runner.stop()
+    records = runner.spool.peek_many(1000)
+    assert len(records) == runner.stats.collections + 1
+    key, value = unframe(records[-1].payload)
+    assert key == "job-a" and _leaves(value) == 1
 
 
 def test_invalid_settings_are_refused(tmp_path: Path) -> None:
@@ -646,3 +733,44 @@ def test_a_run_given_up_is_not_delivered_later(broker_topics: BrokerTopics) -> N
         assert sender.send([("k", b"again")]) == SendResult(1)
     finally:
         sender.close()
+
+
+@pytest.mark.kafka
+def test_sigterm_goodbye_reaches_the_consumer_after_the_last_data_batch(
+    tmp_path: Path, broker_topics: BrokerTopics
+) -> None:
+    """End to end through Tansu: the service's consumer reads the data, then one goodbye."""
+    broker, topic, deadletter = broker_topics
+    runner = _runner(
+        tmp_path,
+        lambda: KafkaRecordSender(broker.bootstrap, topic=topic),
+        interval_s=0.05,
+        goodbye=True,
+    )
+    received: list[NodeBatch] = []
+    stop = threading.Event()
+    consumer, thread = _consume(broker, topic, deadletter, received, stop)
+    try:
+        before = signal.getsignal(signal.SIGTERM)
+
+        def terminate_after_deliveries() -> None:
+            _wait_for(lambda: runner.stats.batches_sent >= 5, "first deliveries", 30)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=terminate_after_deliveries, daemon=True).start()
+        runner.run()
+        assert signal.getsignal(signal.SIGTERM) is before
+        total = runner.stats.collections
+        assert len(runner.spool) == 0 and runner.stats.batches_sent == total + 1
+        _wait_for(lambda: any(b.events for b in list(received)), "the goodbye at the consumer", 30)
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+        consumer.close()
+    leaves = [b for b in received if any(e.kind is EventKind.LEAVE for e in b.events)]
+    assert len(leaves) == 1
+    goodbye = leaves[0]
+    assert received[-1] is goodbye and not goodbye.samples
+    assert goodbye.events[0].message == "agent stopped: SIGTERM"
+    assert _first_seen(received[:-1]) == list(range(total))
+    assert (goodbye.job, goodbye.node) == ("job-a", "node-1")

@@ -1,4 +1,5 @@
-"""Composition of the benchmark suites: fault types and shares, sizes, confounders, seeds."""
+"""Composition of the benchmark suites: fault types and shares, sizes, confounders (membership
+ones included), seeds."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ from collections import Counter
 import pytest
 
 from collectors.sim import scenario_labels
+from collectors.sim.kinds import MEMBERSHIP_CONFOUNDERS
+from collectors.sim.plan import compile_scenario
 from minder.benchmark.suite import (
     FAIL_SLOW,
     FAIL_STOP,
+    MEMBERSHIP,
+    MIN_GROUP,
     MIN_PER_TYPE,
     SUITES,
     TABLE1_SHARES,
     WARM_UP_S,
     BenchCase,
+    _Builder,
     build_suite,
     build_training_suite,
     instance_counts,
 )
+
+MOVES = {t.value for t in MEMBERSHIP_CONFOUNDERS}
 
 TABLE1 = {t.value for t in TABLE1_SHARES}
 
@@ -83,7 +91,11 @@ def test_standard_sizes_layouts_and_confounders(suites: dict[str, list[BenchCase
     assert {f.silent for f in reboots} == {True, False}
     free = [c for c in standard if c.is_fault_free]
     kinds = {k.type.value for c in free for k in c.scenario.confounders}
-    assert kinds == {"blip", "eval_phase", "agent_restart"}
+    assert kinds == {"blip", "eval_phase", "agent_restart"} | MOVES
+    for case in free:
+        assert {"blip", "eval_phase", "agent_restart"} <= {
+            k.type.value for k in case.scenario.confounders
+        }
     assert all(c.scenario.jobs[0].checkpoint_every_s for c in free)
     assert all(
         c.scenario.jobs[0].missing_rate > 0 and c.scenario.jobs[0].late_rate > 0 for c in free
@@ -108,6 +120,87 @@ def test_full_adds_big_jobs_and_1000_fault_free_machine_hours(
     assert full[0].scenario == standard[0].scenario
     big = [c for c in full if c.machines >= 1024 and not c.is_fault_free]
     assert len({c.fault for c in big}) >= 5
+
+
+def membership(case: BenchCase) -> set[str]:
+    """``late_join``, ``rolling_restart``, ``scale_down_silent`` / ``_goodbye``, ``job_end_…``."""
+    out = set()
+    for c in case.scenario.confounders:
+        if c.type.value in ("scale_down", "job_end"):
+            out.add(f"{c.type.value}_{'goodbye' if c.says_goodbye else 'silent'}")
+        elif c.type.value in MOVES:
+            out.add(c.type.value)
+    return out
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_every_suite_has_each_membership_confounder_in_fault_free_cases(
+    suites: dict[str, list[BenchCase]], name: str
+) -> None:
+    cases = suites[name]
+    assert not any(membership(c) for c in cases if not c.is_fault_free)
+    covered = set().union(*(membership(c) for c in cases if c.is_fault_free))
+    wanted = {"late_join", "rolling_restart", "job_end_goodbye", "scale_down_goodbye"}
+    wanted |= {"scale_down_silent"}
+    if name != "quick":
+        wanted |= {"job_end_silent"}
+    assert wanted <= covered
+    assert any(c.is_fault_free and not membership(c) for c in cases) or name == "quick"
+    for case in cases:
+        if not case.is_fault_free:
+            continue
+        assert "membership" not in case.detail
+        assert all(kind.split("_")[0] in case.detail for kind in membership(case))
+
+
+def test_membership_confounders_are_plausible(suites: dict[str, list[BenchCase]]) -> None:
+    for case in suites["full"] + suites["quick"] + build_suite("quick", 3):
+        job = case.scenario.jobs[0]
+        duration = case.duration_s
+        for c in case.scenario.confounders:
+            if c.type.value not in MOVES:
+                continue
+            machines = c.machines if isinstance(c.machines, tuple) else ()
+            assert all(isinstance(m, int) and 0 <= m < job.machines for m in machines)
+            if c.type.value == "scale_down":
+                # A batch within seconds, after the warm-up and with time left to see the rest.
+                assert 1 <= (c.spread_s or 0) <= 5 and WARM_UP_S < c.start_s <= duration - 240
+                groups = Counter(job.group_of(i) for i in range(job.machines))
+                smallest = min(groups.values())
+                groups.subtract(job.group_of(int(m)) for m in machines)
+                if smallest > MIN_GROUP:
+                    assert min(groups.values()) >= MIN_GROUP, case.name
+                else:  # groups at the minimum already: one machine leaves
+                    assert len(machines) == 1, case.name
+            elif c.type.value == "rolling_restart":
+                assert len(machines) >= 2 and 20 <= (c.duration_s or 0) <= 90
+                assert 20 <= c.every_in_effect_s <= 60
+            elif c.type.value == "job_end":
+                assert 20 <= duration - c.start_s <= 60 and (c.spread_s or 0) <= 5
+            else:
+                assert 30 <= c.start_s < duration / 4 and machines
+        names = [
+            set(c.machines) for c in case.scenario.confounders if isinstance(c.machines, tuple)
+        ]
+        # Each membership confounder of a case moves other machines.
+        assert sum(len(n) for n in names) == len(set().union(*names)), case.name
+    # Every case still compiles (the simulator accepts what the suite draws).
+    for case in suites["quick"]:
+        if case.is_fault_free:
+            compile_scenario(case.scenario)
+
+
+def test_membership_draws_leave_every_other_draw_unchanged() -> None:
+    """Their own random stream: the job, its seed and its other confounders do not move."""
+    plain = _Builder(7, 2, prefix="x").fault_free(32, 1200, pp_stages=2)
+    moved = _Builder(7, 2, prefix="x").fault_free(32, 1200, pp_stages=2, membership=MEMBERSHIP)
+    assert plain.scenario.jobs == moved.scenario.jobs
+    assert plain.scenario.seed == moved.scenario.seed
+    others = tuple(c for c in moved.scenario.confounders if c.type.value not in MOVES)
+    assert others == plain.scenario.confounders
+    assert len(moved.scenario.confounders) == len(others) + len(MEMBERSHIP)
+    with pytest.raises(ValueError, match=r"membership confounders \['leave_early'\]"):
+        _Builder(7, 2, prefix="x").fault_free(8, 600, membership=("leave_early",))
 
 
 def test_suites_are_deterministic_per_seed() -> None:
