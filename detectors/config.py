@@ -118,7 +118,7 @@ class DetectorConfig:
     window_samples: int = 3
     continuity_samples: int = 5
     severe_continuity_samples: int = 4
-    silence_intervals: int = 4
+    silence_intervals: int = 3
     lost_device_intervals: int = 3
     level_persist_samples: int = 2
     error_samples: int = 2
@@ -190,12 +190,17 @@ class DetectorConfig:
             return max(math.ceil(seconds / i - 1e-9), samples)
 
         window = ticks(self.window_s, self.window_samples)
+        # A window longer than window_s keeps a short deviation (a blip) in its mean longer:
+        # the runs that confirm a culprit grow by as much, so a blip still cannot confirm one.
+        longer = window - ticks(self.window_s, 1)
         spread = max(self.batch_spread_s, i)
         return Cadence(
             interval_s=i,
             window=window,
-            continuity=ticks(self.continuity_s, self.continuity_samples),
-            severe_continuity=ticks(self.severe_level[1], self.severe_continuity_samples),
+            continuity=max(ticks(self.continuity_s, 1) + longer, self.continuity_samples),
+            severe_continuity=max(
+                ticks(self.severe_level[1], 1) + longer, self.severe_continuity_samples
+            ),
             silence_s=max(self.silence_s, self.silence_intervals * i),
             lost_device_s=max(float(self.lost_device_s), self.lost_device_intervals * i),
             level_persist=ticks(self.level_persist_s, self.level_persist_samples),

@@ -37,7 +37,7 @@ from detectors.base import DetectorFactory, JobDetector, default_factory
 from detectors.window import JobWindow
 from minder.core.alert import Alert
 from minder.core.errors import TableError
-from minder.core.table import DEFAULT_CHUNK_ROWS, TableReader
+from minder.core.table import TableReader
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,11 @@ ReadProgress = Callable[[str, int, int | None], None]
 """``reading(stage, rows_done, rows_total)``: stage ``scan`` (first pass) or ``read`` (second);
 ``rows_total`` is None when the file does not say (CSV)."""
 
-DEFAULT_BUFFER_ROWS = 4_000_000
+DEFAULT_BUFFER_ROWS = 2_000_000
 """Most rows :func:`detect_file` holds to put nearly ordered rows back in time order."""
-DEFAULT_SLICE_ROWS = 4_000_000
+DEFAULT_READ_ROWS = 1 << 18
+"""Rows :func:`detect_file` reads at once (256 Ki: 274 MB peak on 35 M rows, as fast as 1 Mi)."""
+DEFAULT_SLICE_ROWS = 1 << 20
 """Rows of one time slice when :func:`detect_file` has to sort a table through files."""
 MAX_SLICES = 256
 """Most time slices of one job (their files are open together while they are written)."""
@@ -486,18 +488,22 @@ class _Reorder:
 
     def push(self, rows: _Rows) -> _Rows | None:
         """Add rows in table order; return the rows now complete, in time order."""
-        self.parts.append(rows)
-        self.rows += len(rows)
         self.newest = max(self.newest, int(rows.sec.max()))
-        held = _Rows.concat(self.parts)
-        done = held.sec < self.newest - self.behind
-        if not done.any():
-            self.parts = [held]
-            return None
-        kept = held.take(~done)
-        self.parts = [kept] if len(kept) else []
-        self.rows = len(kept)
-        return held.take(done).in_time_order()
+        cut = self.newest - self.behind
+        ready: list[_Rows] = []
+        kept: list[_Rows] = []
+        for part in [*self.parts, rows]:
+            done = part.sec < cut
+            if not done.any():
+                kept.append(part)
+            elif done.all():
+                ready.append(part)
+            else:
+                ready.append(part.take(done))
+                kept.append(part.take(~done))
+        self.parts = kept
+        self.rows = sum(len(p) for p in kept)
+        return _Rows.concat(ready).in_time_order() if ready else None
 
     def drain(self) -> _Rows | None:
         if not self.parts:
@@ -591,7 +597,7 @@ def detect_file(
     on_second: SecondHook | None = None,
     *,
     reading: ReadProgress | None = None,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    chunk_rows: int = DEFAULT_READ_ROWS,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     slice_rows: int = DEFAULT_SLICE_ROWS,
     spill_dir: str | Path | None = None,

@@ -114,6 +114,8 @@ class JobWindow:
         self._calibrate_from = NEVER
         self.departed = np.zeros(0, dtype=bool)
         """Machines that left the job (goodbye, or silent with a batch of others)."""
+        self.departed_sec = np.full(0, NEVER, dtype=np.int64)
+        """Second each departed machine left: only a later sample brings it back."""
         self.joined_sec = np.full(0, NEVER, dtype=np.int64)
         """Second each machine (re)joined: its first sample, or its first after leaving."""
         self.membership: list[MembershipChange] = []
@@ -213,6 +215,7 @@ class JobWindow:
         self._machine_last_seen = _grown(self._machine_last_seen, (m_cap,), NEVER)
         self.joined_sec = _grown(self.joined_sec, (m_cap,), NEVER)
         self.departed = _grown(self.departed, (m_cap,), False)
+        self.departed_sec = _grown(self.departed_sec, (m_cap,), NEVER)
         self.machine_interval_s = _grown(self.machine_interval_s, (m_cap,), float(self.tick_s))
         self.series_every = _grown(self.series_every, (k_cap,), 1)
 
@@ -265,7 +268,7 @@ class JobWindow:
             self.depart([m], "left", leaving[-1].ts, reason)
 
     def _mark_machine(self, m: int, sec: int) -> None:
-        if self._machine_last_seen[m] == NEVER or self.departed[m]:
+        if self._machine_last_seen[m] == NEVER or (self.departed[m] and sec > self.departed_sec[m]):
             self._join(np.asarray([m]), sec)
         self._machine_last_seen[m] = max(self._machine_last_seen[m], sec)
 
@@ -292,7 +295,9 @@ class JobWindow:
         if len(machines):
             # Every sample of the call has the same second: a plain (duplicate-safe) assignment.
             seen = self._machine_last_seen[machines]
-            joining = (seen == NEVER) | self.departed[machines]
+            joining = (seen == NEVER) | (
+                self.departed[machines] & (sec > self.departed_sec[machines])
+            )
             if joining.any():
                 self._join(np.unique(machines[joining]), sec)
             self._machine_last_seen[machines] = np.maximum(seen, sec)
@@ -319,6 +324,7 @@ class JobWindow:
         if not idx.size:
             return
         self.departed[idx] = True
+        self.departed_sec[idx] = math.floor(ts)
         names = tuple(self.machines[m].name for m in idx)
         self.membership.append(MembershipChange(self.job, change, names, float(ts), reason))
         logger.info(

@@ -12,6 +12,11 @@ evaluated in order once its grace for late samples has passed, as
 ``events=False`` the alerts are those of :func:`detectors.offline.detect_table` on the
 simulated table.
 
+With ``interval_s`` above 1, the job is seen as a Prometheus scrape of the same exporters every
+``interval_s`` seconds would show it (:class:`Resampler`): one sample per series and interval,
+gauges at their last value, rates (``rate()``) at their mean over the interval, counts
+(``increase()``) summed; the agents' events (XIDs, goodbyes) still reach the window.
+
 CPU time (``time.process_time``) is measured around ingestion and evaluation only; simulation
 is timed apart.
 """
@@ -35,6 +40,7 @@ from collectors.sim.plan import JobPlan, compile_scenario
 from detectors.base import DetectorFactory, JobDetector
 from detectors.window import JobWindow
 from minder.core.alert import Alert
+from minder.core.metrics import METRICS, MetricKind
 from minder.core.records import Event, NodeBatch
 
 logger = logging.getLogger(__name__)
@@ -155,6 +161,80 @@ def job_chunks(plan: JobPlan, origin: float) -> Iterator[ChunkData]:
         )
 
 
+class Resampler:
+    """One sample per series every ``interval_s`` seconds, as a scrape of the exporters sees
+    the job: gauges at the interval's last value, rates at their mean, counts summed.
+
+    Samples are grouped by the interval they were measured in; an interval is handed over
+    (:meth:`due`) once ``grace_s`` seconds past its end have been delivered, as the sample of
+    its last second. A machine that did not report in that last second (the scrape instant)
+    has no sample for the interval, as a scrape of a machine that is down or gone has none. A
+    sample delivered after its interval was handed over is counted in :attr:`too_late`.
+    """
+
+    def __init__(
+        self, machines: int, series_metric: tuple[str, ...], interval_s: int, grace_s: int
+    ) -> None:
+        if interval_s < 1:
+            raise ValueError(f"interval_s is {interval_s!r}: expected at least 1 second")
+        kinds = [METRICS[name].kind for name in series_metric]
+        self.gauge = np.asarray([k is MetricKind.GAUGE for k in kinds])
+        self.rate = np.asarray([k is MetricKind.RATE for k in kinds])
+        self.shape = (machines, len(series_metric))
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.open: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.flushed = -1
+        self.too_late = 0
+
+    def add(
+        self, measured: int, machines: np.ndarray, series: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Take the samples of simulator second ``measured``."""
+        k = measured // self.interval_s
+        if k <= self.flushed:
+            self.too_late += len(values)
+            return
+        acc = self.open.get(k)
+        if acc is None:
+            acc = (
+                np.zeros(self.shape),
+                np.zeros(self.shape, dtype=np.int32),
+                np.full(self.shape, np.nan, dtype=np.float32),
+                np.zeros(self.shape[0], dtype=bool),
+            )
+            self.open[k] = acc
+        total, count, last, at_end = acc
+        if measured == (k + 1) * self.interval_s - 1:
+            at_end[machines] = True
+        flat = machines.astype(np.int64) * self.shape[1] + series
+        size = total.size
+        total += np.bincount(flat, weights=values, minlength=size).reshape(self.shape)
+        count += np.bincount(flat, minlength=size).reshape(self.shape).astype(np.int32)
+        last[machines, series] = values
+
+    def due(
+        self, delivered: int, final: bool = False
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(second, machines, series, values)`` of each interval complete by delivery second
+        ``delivered`` (every open one when ``final``), oldest first."""
+        for k in sorted(self.open):
+            end = (k + 1) * self.interval_s - 1
+            if not final and delivered < end + self.grace_s:
+                break
+            total, count, last, at_end = self.open.pop(k)
+            self.flushed = max(self.flushed, k)
+            machines, series = np.nonzero(count * at_end[:, None])
+            n = count[machines, series]
+            sums = total[machines, series]
+            values = np.where(
+                self.gauge[series],
+                last[machines, series],
+                np.where(self.rate[series], sums / n, sums),
+            ).astype(np.float32)
+            yield end, machines, series, values
+
+
 @dataclass(slots=True)
 class SimulatedJob:
     """One job of a scenario, ready to replay: its plan and, when cached, its chunks."""
@@ -247,6 +327,7 @@ def replay(
     grace_s: int = DEFAULT_GRACE_S,
     events: bool = True,
     progress: Progress | None = None,
+    interval_s: int = 1,
 ) -> ReplayResult:
     """Run a fresh detector from ``factory`` over each job of the scenario.
 
@@ -263,6 +344,8 @@ def replay(
         canonical table does.
     progress
         Called after each chunk with the seconds done and the total of all jobs.
+    interval_s
+        Sampling interval the detector sees (:class:`Resampler`); 1 replays every second.
     """
     if grace_s < 0:
         raise ValueError(f"grace_s is {grace_s!r}: expected 0 or more seconds")
@@ -273,7 +356,7 @@ def replay(
     done = 0
     for job in simulated.jobs:
         before = job.simulate_cpu_s
-        _replay_job(job, factory, grace_s, events, result, progress, done, total)
+        _replay_job(job, factory, grace_s, events, result, progress, done, total, interval_s)
         result.simulate_cpu_s += job.simulate_cpu_s - before
         done += job.plan.duration_s
     return result
@@ -282,9 +365,16 @@ def replay(
 class _JobReplay:
     """Window, detector and evaluation clock of one job."""
 
-    def __init__(self, job: SimulatedJob, detector: JobDetector, grace_s: int) -> None:
+    def __init__(
+        self, job: SimulatedJob, detector: JobDetector, grace_s: int, interval_s: int = 1
+    ) -> None:
         plan = job.plan
         layout = plan.layout
+        self.resampler = (
+            Resampler(len(layout.machines), layout.series_metric, interval_s, grace_s)
+            if interval_s > 1
+            else None
+        )
         self.plan = plan
         self.detector = detector
         self.grace_s = grace_s
@@ -326,7 +416,14 @@ class _JobReplay:
                 )
             )
         self.cpu += clock() - began
-        for measured, machines, series, values in chunk.batches(second):
+        samples: Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]
+        if self.resampler is None:
+            samples = chunk.batches(second)
+        else:
+            for measured, machines, series, values in chunk.batches(second):
+                self.resampler.add(measured, machines, series, values)
+            samples = self.resampler.due(second, final=second == self.plan.duration_s - 1)
+        for measured, machines, series, values in samples:
             cols = self.series_ids[series]
             began = clock()
             window.add_arrays(self.sec0 + measured, machines, cols, values)
@@ -374,9 +471,10 @@ def _replay_job(
     progress: Progress | None,
     done_before: int,
     total: int,
+    interval_s: int = 1,
 ) -> None:
     began = time.process_time()
-    state = _JobReplay(job, factory(), grace_s)
+    state = _JobReplay(job, factory(), grace_s, interval_s)
     state.cpu += time.process_time() - began
     samples = 0
     n_events = 0

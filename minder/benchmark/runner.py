@@ -24,7 +24,7 @@ from collectors.sim import scenario_labels, simulate_table
 from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
 from detectors.methods import ABLATIONS, BASELINE_METHODS, ENGINE_METHODS, METHODS, method_factory
-from minder.benchmark.evaluate import CaseRun, Summary, summarize
+from minder.benchmark.evaluate import SLACK_S, CaseRun, Summary, summarize
 from minder.benchmark.replay import DEFAULT_GRACE_S, replay, simulate
 from minder.benchmark.suite import SUITES, BenchCase, build_suite, build_training_suite
 from minder.core.errors import MinderError
@@ -61,12 +61,16 @@ class Variant:
         Parts of the engine switched off.
     denoiser
         Denoiser of this row's model (None: :data:`DEFAULT_DENOISER`); engine methods only.
+    interval_s
+        Sampling interval the detector sees (the suite resampled as a scrape would see it,
+        :class:`~minder.benchmark.replay.Resampler`); 1 is the agent's every second.
     """
 
     label: str
     method: str
     ablations: tuple[str, ...] = ()
     denoiser: str | None = None
+    interval_s: int = 1
 
     @property
     def is_engine(self) -> bool:
@@ -79,6 +83,7 @@ class Variant:
             "method": self.method,
             "ablations": list(self.ablations),
             "denoiser": self.denoiser,
+            "interval_s": self.interval_s,
         }
 
 
@@ -106,6 +111,9 @@ class BenchOptions:
         Seconds each second waits for late samples before it is evaluated.
     config
         Detector parameters (default :class:`DetectorConfig`).
+    intervals
+        Sampling intervals (seconds) to run every row at; rows at an interval above 1 are
+        labelled ``minder @15s``.
     """
 
     suite: str = "standard"
@@ -118,6 +126,7 @@ class BenchOptions:
     cache_bytes: int = DEFAULT_CACHE_BYTES
     grace_s: int = DEFAULT_GRACE_S
     config: DetectorConfig | None = None
+    intervals: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if self.suite not in SUITES:
@@ -140,11 +149,23 @@ class BenchOptions:
             raise ValueError(
                 f"unknown denoiser(s) {unknown}: expected some of {', '.join(DENOISER_KINDS)}"
             )
+        bad = [i for i in self.intervals if not 1 <= i <= 300]
+        if bad or not self.intervals:
+            raise ValueError(
+                f"intervals {list(self.intervals)!r}: expected 1 to 300 seconds, at least one"
+            )
         if self.seed < 0 or self.grace_s < 0 or self.cache_bytes < 0:
             raise ValueError(
                 f"seed={self.seed!r}, grace_s={self.grace_s!r}, cache_bytes={self.cache_bytes!r}:"
                 " expected non-negative numbers"
             )
+
+
+def slack_for(interval_s: int) -> float:
+    """How long after a fault ends an alert still counts: a minute, or five samples at coarse
+    sampling (silence there takes three missed samples, plus the tick and the wait for a
+    batch)."""
+    return max(SLACK_S, 5.0 * interval_s)
 
 
 def plan_variants(options: BenchOptions) -> list[Variant]:
@@ -156,7 +177,12 @@ def plan_variants(options: BenchOptions) -> list[Variant]:
         if d == DEFAULT_DENOISER and "minder" in options.methods:
             continue  # the plain minder row is this one
         out.append(Variant(f"minder [{d}]", "minder", (), d))
-    return out
+    intervals = list(dict.fromkeys(options.intervals))
+    return [
+        v if i == 1 else replace(v, label=f"{v.label} @{i}s", interval_s=i)
+        for i in intervals
+        for v in out
+    ]
 
 
 def command_line(options: BenchOptions) -> str:
@@ -173,6 +199,8 @@ def command_line(options: BenchOptions) -> str:
         parts += ["--max-machines-for", limits or "none"]
     if options.grace_s != DEFAULT_GRACE_S:
         parts += ["--grace", str(options.grace_s)]
+    if options.intervals != (1,):
+        parts += ["--intervals", ",".join(map(str, options.intervals))]
     return shlex.join(parts)
 
 
@@ -406,66 +434,81 @@ def run_benchmark(
     errors: dict[str, list[dict[str, Any]]] = {p.variant.label: [] for p in prepared}
     done = float(len(suite) * len(failed))
     simulate_cpu = 0.0
-    for case in suite:
-        labels = scenario_labels(case.scenario)
-        todo = []
-        for p in prepared:
-            limit = options.max_machines.get(p.variant.method, 0)
-            if limit and case.machines > limit:
-                skipped[p.variant.label].append(
-                    {
-                        "case": case.name,
-                        "machines": case.machines,
-                        "reason": f"{case.machines} machines > {limit} for {p.variant.method}",
-                    }
-                )
-                done += 1
-            else:
-                todo.append(p)
-        if not todo:
-            continue
-        simulated = simulate(case.scenario, options.cache_bytes if len(todo) > 1 else 0)
-        simulate_cpu += simulated.simulate_cpu_s
-        for p in todo:
-            label = f"{p.variant.label} · {case.name}"
-
-            def tick(seconds: int, of: int, label: str = label, base: float = done) -> None:
-                if progress is not None:
-                    progress(label, base + seconds / max(of, 1), total)
-
-            tick(0, 1)
-            try:
-                result = replay(simulated, p.factory, grace_s=options.grace_s, progress=tick)
-            except Exception as exc:  # one failing case must not lose a long run: report it
-                logger.exception("%s failed on %s", p.variant.label, case.name)
-                errors[p.variant.label].append(
-                    {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}
-                )
-            else:
-                simulate_cpu += result.simulate_cpu_s
-                runs[p.variant.label].append(
-                    CaseRun(
-                        name=case.name,
-                        fault=case.fault,
-                        machines=case.machines,
-                        labels=labels,
-                        alerts=result.alerts,
-                        detect_cpu_s=result.detect_cpu_s,
-                        job_seconds=float(result.job_seconds),
-                        machine_seconds=result.machine_seconds,
+    all_cases = list(suite)
+    for interval in dict.fromkeys(v.interval_s for v in variants):
+        at_interval = [p for p in prepared if p.variant.interval_s == interval]
+        cases_here = suite
+        if cases is None and interval != 1:
+            # Coarse sampling needs longer cases past each onset (suite.POST_SAMPLES).
+            cases_here = build_suite(options.suite, options.seed, interval)
+            names = {c.name: c for c in all_cases}
+            all_cases += [c for c in cases_here if names.get(c.name) != c]
+        for case in cases_here:
+            labels = scenario_labels(case.scenario)
+            todo = []
+            for p in at_interval:
+                limit = options.max_machines.get(p.variant.method, 0)
+                if limit and case.machines > limit:
+                    skipped[p.variant.label].append(
+                        {
+                            "case": case.name,
+                            "machines": case.machines,
+                            "reason": f"{case.machines} machines > {limit} for {p.variant.method}",
+                        }
                     )
-                )
-            done += 1
-            if progress is not None:
-                progress(label, done, total)
-        del simulated
+                    done += 1
+                else:
+                    todo.append(p)
+            if not todo:
+                continue
+            simulated = simulate(case.scenario, options.cache_bytes if len(todo) > 1 else 0)
+            simulate_cpu += simulated.simulate_cpu_s
+            for p in todo:
+                label = f"{p.variant.label} · {case.name}"
+
+                def tick(seconds: int, of: int, label: str = label, base: float = done) -> None:
+                    if progress is not None:
+                        progress(label, base + seconds / max(of, 1), total)
+
+                tick(0, 1)
+                try:
+                    result = replay(
+                        simulated,
+                        p.factory,
+                        grace_s=options.grace_s,
+                        progress=tick,
+                        interval_s=interval,
+                    )
+                except Exception as exc:  # one failing case must not lose a long run
+                    logger.exception("%s failed on %s", p.variant.label, case.name)
+                    errors[p.variant.label].append(
+                        {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}
+                    )
+                else:
+                    simulate_cpu += result.simulate_cpu_s
+                    runs[p.variant.label].append(
+                        CaseRun(
+                            name=case.name,
+                            fault=case.fault,
+                            machines=case.machines,
+                            labels=labels,
+                            alerts=result.alerts,
+                            detect_cpu_s=result.detect_cpu_s,
+                            job_seconds=float(result.job_seconds),
+                            machine_seconds=result.machine_seconds,
+                        )
+                    )
+                done += 1
+                if progress is not None:
+                    progress(label, done, total)
+            del simulated
 
     rows = [
         VariantResult(
             variant=p.variant,
             trained=p.trained,
             detector=p.detector,
-            summary=summarize(runs[p.variant.label]),
+            summary=summarize(runs[p.variant.label], slack_s=slack_for(p.variant.interval_s)),
             cases_run=len(runs[p.variant.label]),
             skipped=skipped[p.variant.label],
             errors=errors[p.variant.label],
@@ -490,7 +533,7 @@ def run_benchmark(
         notes.append("baselines take no trained model; they run as they are")
     return BenchResult(
         options=options,
-        cases=suite,
+        cases=all_cases,
         rows=rows,
         notes=notes,
         training=training,

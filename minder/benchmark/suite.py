@@ -78,6 +78,8 @@ FAIL_SLOW: frozenset[str] = frozenset(
 )
 """Faults that only slow the job down."""
 
+POST_SAMPLES = 12
+"""Fewest samples a faulty case runs past its onset, at the suite's sampling interval."""
 MIN_PER_TYPE = 3
 """Fewest instances of each Table 1 type in the ``standard`` and ``full`` suites."""
 WARM_UP_S = 120
@@ -163,18 +165,28 @@ def instance_counts(total: int, minimum: int = MIN_PER_TYPE) -> dict[FaultType, 
     return {t: max(minimum, n) for t, n in counts.items()}
 
 
-def build_suite(name: str = "standard", seed: int = 0) -> list[BenchCase]:
-    """The cases of suite ``name`` (one of :data:`SUITES`) for ``seed``."""
+def build_suite(name: str = "standard", seed: int = 0, interval_s: int = 1) -> list[BenchCase]:
+    """The cases of suite ``name`` (one of :data:`SUITES`) for ``seed``.
+
+    ``interval_s`` is the sampling interval the cases will be seen at: each faulty case runs at
+    least :data:`POST_SAMPLES` samples past its onset (detection at coarse sampling takes longer,
+    in proportion), so suites at 1, 5 and 15 s are the same cases and at 60 s longer ones.
+    """
     if name not in SUITES:
         raise ValueError(f"unknown suite {name!r}: expected one of {', '.join(SUITES)}")
-    if seed < 0:
-        raise ValueError(f"seed is {seed!r}: expected a non-negative integer")
+    if seed < 0 or interval_s < 1:
+        raise ValueError(
+            f"seed={seed!r}, interval_s={interval_s!r}: expected seed >= 0 and interval_s >= 1"
+        )
     builder = _Builder(seed, _STREAMS[name], prefix="q" if name == "quick" else "s")
+    builder.min_post_s = POST_SAMPLES * interval_s
     if name == "quick":
         return _quick(builder)
     cases = _standard(builder)
     if name == "full":
-        cases += _full_extra(_Builder(seed, _FULL_STREAM, prefix="f"))
+        extra = _Builder(seed, _FULL_STREAM, prefix="f")
+        extra.min_post_s = builder.min_post_s
+        cases += _full_extra(extra)
     return cases
 
 
@@ -277,6 +289,7 @@ class _Builder:
         self.membership_rng = np.random.default_rng([seed, stream, _MEMBERSHIP_STREAM])
         self.prefix = prefix
         self.count = 0
+        self.min_post_s = 0
 
     def _name(self, kind: str, machines: int) -> str:
         self.count += 1
@@ -350,7 +363,7 @@ class _Builder:
         name = self._name(kind.value, machines)
         job = self._job(name, machines)
         start = round(self._u(WARM_UP_S, max_start_s), 1)
-        duration = 60 * math.ceil((start + post_s) / 60)
+        duration = 60 * math.ceil((start + max(post_s, self.min_post_s)) / 60)
         fault, detail = _FAULTS[kind](self, machines)
         fault.update({"type": kind.value, "machine": int(rng.integers(machines)), "start_s": start})
         confounders = self._confounders(
@@ -370,7 +383,7 @@ class _Builder:
         if domains < 2:
             raise ValueError(f"switch_reboot needs two domains or more: {machines} machines")
         start = round(self._u(WARM_UP_S, max_start_s), 1)
-        duration = 60 * math.ceil((start + post_s) / 60)
+        duration = 60 * math.ceil((start + max(post_s, self.min_post_s)) / 60)
         fault = {
             "type": "switch_reboot",
             "domain": f"leaf-{int(self.rng.integers(domains)):02d}",

@@ -76,6 +76,16 @@ def parse_limits(text: str) -> dict[str, int]:
     return out
 
 
+def _intervals(text: str) -> tuple[int, ...]:
+    """``1,5,15,60`` → ``(1, 5, 15, 60)``."""
+    try:
+        return tuple(int(part) for part in _split(text))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not a list of whole seconds: expected e.g. '1,5,15,60'"
+        ) from None
+
+
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[[str, float, int], None] | None]:
     """A rich progress bar on stderr: one step per case and variant."""
@@ -145,6 +155,13 @@ def detect_command(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
     ] = True,
+    intervals: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated sampling intervals (s) to run every row at, e.g. 1,5,15,60: "
+            "the suite as a scrape at that interval sees it."
+        ),
+    ] = "1",
 ) -> None:
     """Run detection methods over a labelled suite and report P/R/F1, latency, false alarms
     and CPU cost."""
@@ -158,6 +175,7 @@ def detect_command(
             train=train,
             max_machines=parse_limits(max_machines_for),
             grace_s=grace,
+            intervals=_intervals(intervals),
         )
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)

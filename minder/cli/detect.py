@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from minder.cli.common import (
     OutputFormat,
@@ -17,6 +19,13 @@ from minder.cli.common import (
     print_json,
     progress,
 )
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from detectors.offline import DetectionRun
+
+_STAGES = {"scan": "scanning", "read": "replaying"}
 
 
 def detect_command(
@@ -32,22 +41,54 @@ def detect_command(
         Path | None, typer.Option("--model", help="trained model directory (minder train)")
     ] = None,
 ) -> None:
-    """Detect faulty machines in a canonical metric table (docs/architecture.md §3.3)."""
-    from detectors.offline import detect_table  # noqa: PLC0415
+    """Detect faulty machines in a canonical metric table (docs/architecture.md §3.3).
+
+    The table is read in pieces and replayed in time order with bounded memory, whatever its
+    size or row order; rows out of time order and repeated samples are counted in the summary.
+    """
+    from detectors.offline import detect_file  # noqa: PLC0415
     from minder.core.errors import MinderError  # noqa: PLC0415
-    from minder.core.table import read_table  # noqa: PLC0415
 
     settings = load_settings()
     try:
         factory = settings.detection.detector_factory(method, model)
-        frame = read_table(table_file)
-    except (MinderError, ValueError, FileNotFoundError) as exc:
+        with progress() as bar:
+            run = detect_file(
+                table_file,
+                factory,
+                progress=job_reporter(bar),
+                reading=_read_reporter(bar, table_file),
+            )
+    except (MinderError, ValueError, OSError) as exc:
         raise fail(exc) from None
-    with progress() as bar:
-        run = detect_table(frame, factory, progress=job_reporter(bar))
     if output_format is OutputFormat.json:
         print_json({"alerts": [a.summary() for a in run.alerts], "summary": run.summary()})
         return
     out.print(alerts_table(run.alerts, title=f"Alerts in {table_file}"))
     machines = {a.machine for a in run.alerts}
     out.print(f"{len(run.alerts)} alert(s) on {len(machines)} machine(s)/domain(s).")
+    out.print(input_line(run))
+
+
+def input_line(run: DetectionRun) -> str:
+    """One line on the rows read and the bad ones: nothing is dropped without a count."""
+    n = run.input_counts()
+    return (
+        f"Input: {n['samples']:,} row(s); {n['out_of_order']:,} out of time order "
+        f"({n['backwards']:,} by the detector's horizon or more), replayed in time order; "
+        f"{n['duplicates']:,} repeated sample(s) (the later row wins); "
+        f"{n['too_old']:,} too old for the window."
+    )
+
+
+def _read_reporter(bar: Progress, table_file: Path) -> Callable[[str, int, int | None], None]:
+    """``reading(stage, rows_done, rows_total)`` that keeps one bar per pass over the file."""
+    tasks: dict[str, TaskID] = {}
+
+    def report(stage: str, done: int, total: int | None) -> None:
+        if stage not in tasks:
+            label = f"{_STAGES.get(stage, stage)} {escape(table_file.name)}"
+            tasks[stage] = bar.add_task(label, total=total)
+        bar.update(tasks[stage], completed=done)
+
+    return report
