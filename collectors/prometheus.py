@@ -464,17 +464,6 @@ class ReadStats:
         self.seen.add(fingerprint)
         return True
 
-    def merge(self, other: ReadStats) -> None:
-        """Add the counts of ``other`` (a later read) to these."""
-        self.queries += other.queries
-        self.splits += other.splits
-        new = other.seen - self.seen
-        self.seen |= new
-        self.series.update(other.series)
-        self.unknown.update(other.unknown)
-        self.skipped_series.update(other.skipped_series)
-        self.dropped_samples.update(other.dropped_samples)
-
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: counts nested by reason."""
         skipped: dict[str, dict[str, int]] = {}
@@ -1111,84 +1100,115 @@ class PrometheusReader:
         stats: ReadStats,
     ) -> tuple[pd.DataFrame, list[tuple[str, str, Event]]]:
         """One chunk's pieces as canonical rows: jobs filled in, summed families summed,
-        duplicates (a metric from two sources, two spellings of a field) dropped."""
+        duplicates (a metric from two sources, two spellings of a field) dropped.
+
+        Rows are handled as integer codes of sorted names (a chunk of a large cluster holds
+        tens of millions of samples), and come out as the table's categorical columns.
+        """
         if not pieces:
             return _empty_frame(), []
-        sizes = [len(p.ts) for p in pieces]
+        names: dict[str, list[str]] = {}
+        piece_codes: dict[str, np.ndarray] = {}
+        default = [self.default_job] if self.default_job else []
+        for column, texts in (
+            ("job", [p.job or "" for p in pieces]),
+            ("machine", [p.machine for p in pieces]),
+            ("metric", [p.query.metric for p in pieces]),
+            ("device", [p.device for p in pieces]),
+        ):
+            names[column] = sorted({*texts, *(default if column == "job" else [])})
+            code_of = {name: code for code, name in enumerate(names[column])}
+            piece_codes[column] = np.array([code_of[t] for t in texts], dtype=np.int32)
+        job_code = {name: code for code, name in enumerate(names["job"])}
+        sizes = np.fromiter((len(p.ts) for p in pieces), dtype=np.int64, count=len(pieces))
+        row_piece = np.repeat(np.arange(len(pieces), dtype=np.int32), sizes)
         frame = pd.DataFrame(
             {
                 "ts": np.concatenate([p.ts for p in pieces]),
-                "job": np.repeat(np.array([p.job or "" for p in pieces], dtype=object), sizes),
-                "machine": np.repeat(np.array([p.machine for p in pieces], dtype=object), sizes),
-                "metric": np.repeat(
-                    np.array([p.query.metric for p in pieces], dtype=object), sizes
-                ),
+                **{column: codes[row_piece] for column, codes in piece_codes.items()},
                 "value": np.concatenate([p.values for p in pieces]),
-                "device": np.repeat(np.array([p.device for p in pieces], dtype=object), sizes),
-                "family": np.repeat(np.array([p.query.family for p in pieces]), sizes),
-                "summed": np.repeat(np.array([p.query.summed for p in pieces]), sizes),
+                "family": np.array([p.query.family for p in pieces], dtype=np.int32)[row_piece],
+                "summed": np.array([p.query.summed for p in pieces], dtype=bool)[row_piece],
             }
         )
-        # The job of a series without a job label: the one its machine's other series carry at
-        # that step, else the one they carry most in this chunk, else the default.
-        labelled = frame.loc[frame["job"] != "", ["machine", "ts", "job"]]
-        at_step = labelled.drop_duplicates(["machine", "ts"]).rename(columns={"job": "found"})
-        by_machine: dict[str, str] = {
-            str(machine): str(jobs.value_counts().index[0])
-            for machine, jobs in labelled.groupby("machine")["job"]
-        }
-
-        def job_of(machine: str, ts: float) -> str | None:
-            row = at_step[(at_step["machine"] == machine) & (at_step["ts"] == ts)]
-            if len(row):
-                return str(row["found"].iloc[0])
-            return by_machine.get(machine, self.default_job)
-
-        missing = (frame["job"] == "").to_numpy()
-        if missing.any():
-            keys = frame.loc[missing, ["machine", "ts"]]
-            found = keys.merge(at_step, on=["machine", "ts"], how="left")["found"]
-            fallback = keys["machine"].map(by_machine).fillna(self.default_job or "")
-            frame.loc[missing, "job"] = found.fillna(fallback.reset_index(drop=True)).to_numpy()
-            unresolved = frame["job"] == ""
+        no_job = job_code.get("", -1)
+        at_step: dict[tuple[int, float], int] = {}
+        by_machine: dict[int, int] = {}
+        if no_job >= 0:
+            # The job of a series without a job label: the one its machine's other series carry
+            # at that step, else the one they carry most in this chunk, else the default.
+            missing = (frame["job"] == no_job).to_numpy()
+            labelled = frame.loc[~missing, ["machine", "ts", "job"]]
+            lookup = labelled.drop_duplicates(["machine", "ts"])
+            counts = labelled.groupby(["machine", "job"]).size().reset_index(name="n")
+            best = counts.sort_values("n", ascending=False, kind="stable")
+            by_machine = dict(
+                best.drop_duplicates("machine")[["machine", "job"]].itertuples(index=False)
+            )
+            keys = frame.loc[missing, ["machine", "ts"]].reset_index(drop=True)
+            found = keys.merge(lookup, on=["machine", "ts"], how="left")["job"].to_numpy()
+            fallback = keys["machine"].map(by_machine).to_numpy(dtype=np.float64)
+            chosen = np.where(np.isnan(found), fallback, found)
+            default_code = job_code[self.default_job] if self.default_job else no_job
+            chosen = np.where(np.isnan(chosen), default_code, chosen).astype(np.int32)
+            job = frame["job"].to_numpy().copy()
+            job[missing] = chosen
+            frame["job"] = job
+            unresolved = (frame["job"] == no_job).to_numpy()
             if unresolved.any():
-                for metric, count in frame.loc[unresolved, "metric"].value_counts().items():
-                    stats.dropped_samples[("no_job", str(metric))] += int(count)
-                frame = frame[~unresolved]
+                dropped = frame.loc[unresolved, "metric"].value_counts()
+                for code, count in dropped.items():
+                    stats.dropped_samples[("no_job", str(names["metric"][code]))] += int(count)
+                frame = frame.loc[~unresolved]
+            if raw_events:
+                at_step = {
+                    (int(m), float(t)): int(j)
+                    for m, t, j in lookup.itertuples(index=False, name=None)
+                }
         key = ["job", "machine", "metric", "device", "ts"]
         summed = frame["summed"].to_numpy(dtype=bool)
         if summed.any():
-            sums = frame[summed].groupby([*key, "family"], sort=False)["value"].sum()
+            sums = frame.loc[summed].groupby([*key, "family"], sort=False)["value"].sum()
             totals: pd.DataFrame = sums.reset_index()
             totals["summed"] = True
             frame = pd.concat([frame.loc[~summed], totals], ignore_index=True)
         frame = frame.sort_values("family", kind="stable")
-        duplicate = frame.duplicated(key, keep="first")
+        duplicate = frame.duplicated(key, keep="first").to_numpy()
         if duplicate.any():
-            for metric, count in frame.loc[duplicate, "metric"].value_counts().items():
-                stats.dropped_samples[("duplicate", str(metric))] += int(count)
-            frame = frame[~duplicate]
+            for code, count in frame.loc[duplicate, "metric"].value_counts().items():
+                stats.dropped_samples[("duplicate", str(names["metric"][code]))] += int(count)
+            frame = frame.loc[~duplicate]
         frame = frame.sort_values(["ts", "job", "machine", "metric", "device"], kind="stable")
+        n = len(frame)
         out = pd.DataFrame(
             {
                 "ts": frame["ts"].to_numpy(dtype=np.float64),
-                "job": frame["job"].astype(str).to_numpy(),
-                "machine": frame["machine"].astype(str).to_numpy(),
-                "metric": frame["metric"].astype(str).to_numpy(),
+                **{
+                    column: _category(frame[column].to_numpy(), names[column])
+                    for column in ("job", "machine", "metric")
+                },
                 "value": frame["value"].to_numpy(dtype=np.float64),
-                "device": frame["device"].astype(str).to_numpy(),
-                "group": "",
-                "domain": "",
+                "device": _category(frame["device"].to_numpy(), names["device"]),
+                "group": _category(np.zeros(n, dtype=np.int32), [""]),
+                "domain": _category(np.zeros(n, dtype=np.int32), [""]),
             }
         )
-        for column in ("job", "machine", "metric", "device", "group", "domain"):
-            out[column] = out[column].astype("category")
         events: list[tuple[str, str, Event]] = []
-        for job, machine, event in raw_events:
-            chosen = job or job_of(machine, event.ts)
-            if chosen:
-                events.append((chosen, machine, event))
+        machine_code = {name: code for code, name in enumerate(names["machine"])}
+        for labelled_job, machine, event in raw_events:
+            chosen_job = labelled_job
+            if chosen_job is None:
+                m = machine_code[machine]
+                code = at_step.get((m, float(event.ts)), by_machine.get(m, -1))
+                chosen_job = names["job"][code] if code >= 0 else self.default_job
+            if chosen_job:
+                events.append((chosen_job, machine, event))
         return out, events
+
+
+def _category(codes: np.ndarray, names: list[str]) -> pd.Categorical:
+    """A table column from codes into sorted ``names``."""
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=str))
 
 
 def _empty_frame() -> pd.DataFrame:

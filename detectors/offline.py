@@ -752,6 +752,8 @@ def _replay_file(
         ts = piece["ts"].to_numpy(dtype=np.float64)
         sec = np.floor(ts).astype(np.int64)
         value = piece["value"].to_numpy(dtype=np.float32)
+        buffered = sum(p.reorder.rows for p in plans.values() if p.reorder is not None)
+        peak = max(peak, len(piece) + buffered)
         for job, index in _job_rows(piece):
             plan = plans.get(job)
             if plan is None:

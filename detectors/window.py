@@ -36,6 +36,8 @@ CALIBRATE_MIN_S = 3
 """Seconds of data before the sampling interval is first estimated."""
 CALIBRATE_MAX_S = 600
 """Seconds of data after which the interval is estimated from whatever was seen."""
+CALIBRATE_EVERY_S = 5
+"""Once the tick is known, how often the intervals of rarer series are estimated again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class JobWindow:
         self._first_seen = np.full((0, 0), NEVER, dtype=np.int64)
         self._n_seen = np.zeros((0, 0), dtype=np.int32)
         self._calibrate_from = NEVER
+        self._calibrated_at = NEVER
         self.departed = np.zeros(0, dtype=bool)
         """Machines that left the job (goodbye, or silent with a batch of others)."""
         self.departed_sec = np.full(0, NEVER, dtype=np.int64)
@@ -301,7 +304,13 @@ class JobWindow:
             if joining.any():
                 self._join(np.unique(machines[joining]), sec)
             self._machine_last_seen[machines] = np.maximum(seen, sec)
-        if newer and not self.calibrated and sec - self._calibrate_from >= CALIBRATE_MIN_S:
+        if (
+            newer
+            and not self.calibrated
+            and sec - self._calibrate_from >= CALIBRATE_MIN_S
+            and sec - self._calibrated_at >= (CALIBRATE_EVERY_S if self.cadence_known else 1)
+        ):
+            self._calibrated_at = sec
             self.calibrate(final=sec - self._calibrate_from >= CALIBRATE_MAX_S)
         return len(values)
 
@@ -407,7 +416,11 @@ class JobWindow:
                     ", ".join(map(str, slow)),
                     tick,
                 )
-        self.calibrated = self.cadence_known = True
+        self.cadence_known = True
+        if (seen.any(axis=0) & ~known).any() and not final:
+            # Series seen too rarely so far (a slow scrape beside agent data): keep counting.
+            return True
+        self.calibrated = True
         self._n_seen[:] = 0
         self._first_seen[:] = NEVER
         return True

@@ -23,6 +23,8 @@ SERVICE_METRICS = {
     "minder_jobs",
     "minder_machines",
     "minder_job_machines",
+    "minder_job_sampling_interval_seconds",
+    "minder_membership_changes_total",
     "minder_job_last_sample_timestamp_seconds",
     "minder_job_last_evaluation_timestamp_seconds",
     "minder_evaluation_seconds_bucket",

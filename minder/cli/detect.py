@@ -67,10 +67,10 @@ def detect_command(
     out.print(alerts_table(run.alerts, title=f"Alerts in {table_file}"))
     machines = {a.machine for a in run.alerts}
     out.print(f"{len(run.alerts)} alert(s) on {len(machines)} machine(s)/domain(s).")
-    out.print(input_line(run))
+    out.print(_input_line(run))
 
 
-def input_line(run: DetectionRun) -> str:
+def _input_line(run: DetectionRun) -> str:
     """One line on the rows read and the bad ones: nothing is dropped without a count."""
     n = run.input_counts()
     return (

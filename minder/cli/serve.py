@@ -7,11 +7,14 @@ import signal
 import threading
 from enum import StrEnum
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from minder.cli.common import err, fail, load_settings
+
+if TYPE_CHECKING:
+    from minder.config import Settings
 
 
 class SourceChoice(StrEnum):
@@ -20,6 +23,19 @@ class SourceChoice(StrEnum):
     kafka = "kafka"
     prometheus = "prometheus"
     both = "both"
+
+
+def resolve_source(settings: Settings, chosen: SourceChoice | None) -> SourceChoice:
+    """``chosen``, else ``prometheus`` when MINDER_PROMETHEUS__URL is set and
+    MINDER_KAFKA__BOOTSTRAP is not, else ``kafka``."""
+    if chosen is not None:
+        return chosen
+    kafka_set = "kafka" in settings.model_fields_set and (
+        "bootstrap" in settings.kafka.model_fields_set
+    )
+    if settings.prometheus.url is not None and not kafka_set:
+        return SourceChoice.prometheus
+    return SourceChoice.kafka
 
 
 def serve_command(
@@ -46,18 +62,19 @@ def serve_command(
         SourceChoice | None,
         typer.Option(
             help="metrics from the agents over Kafka, from Prometheus (MINDER_PROMETHEUS__URL: "
-            "dcgm-exporter, node_exporter), or both; default kafka, or prometheus when only "
-            "MINDER_PROMETHEUS__URL is set",
+            "dcgm-exporter, node_exporter), or both; default kafka, or prometheus when "
+            "MINDER_PROMETHEUS__URL is set and MINDER_KAFKA__BOOTSTRAP is not",
             show_default=False,
         ),
     ] = None,
 ) -> None:
     """Run the detection service and its HTTP API (settings from MINDER_* variables).
 
-    With Kafka (the default source) it needs a broker (MINDER_KAFKA__BOOTSTRAP, default
-    127.0.0.1:9092); without one it stops at once and says so. For a trial on one machine,
-    --embedded-broker starts one. With --source prometheus it polls MINDER_PROMETHEUS__URL every
-    MINDER_PROMETHEUS__STEP_S seconds instead. SIGTERM and Ctrl-C stop it cleanly.
+    It needs a Kafka broker (MINDER_KAFKA__BOOTSTRAP, default 127.0.0.1:9092): the agents' metrics
+    come from it, and alerts are published on it whatever the source; without one it stops at
+    once and says so. For a trial on one machine, --embedded-broker starts one. With --source
+    prometheus the metrics come from MINDER_PROMETHEUS__URL instead, polled every
+    MINDER_PROMETHEUS__STEP_S seconds. SIGTERM and Ctrl-C stop it cleanly.
     """
     from minder.core.errors import MinderError  # noqa: PLC0415
     from minder.logging_setup import configure_logging  # noqa: PLC0415
@@ -68,21 +85,14 @@ def serve_command(
     if port is not None:
         settings.api.port = port
     configure_logging(settings.log_level)
-    if source is None:
-        kafka_set = "kafka" in settings.model_fields_set and (
-            "bootstrap" in settings.kafka.model_fields_set
-        )
-        only_prometheus = settings.prometheus.url is not None and not kafka_set
-        source = SourceChoice.prometheus if only_prometheus else SourceChoice.kafka
+    source = resolve_source(settings, source)
     use_kafka = source is not SourceChoice.prometheus
     if source is not SourceChoice.kafka and settings.prometheus.url is None:
         raise fail(
             f"--source {source.value} needs MINDER_PROMETHEUS__URL: expected the Prometheus "
             "server's base URL, e.g. http://prometheus:9090"
         )
-    if embedded_broker and not use_kafka:
-        raise fail("--embedded-broker is a Kafka broker: expected --source kafka or both")
-    if use_kafka and not embedded_broker:
+    if not embedded_broker:
         # Before importing the service (seconds): a missing broker is said in one line at once.
         from minder.stream.topics import check_reachable  # noqa: PLC0415
 
@@ -112,12 +122,11 @@ def serve_command(
             stack.start()
         except MinderError as exc:
             raise fail(exc) from None
-        inputs = []
-        if use_kafka:
-            inputs.append(f"Kafka {settings.kafka.bootstrap}")
+        inputs = [f"Kafka {settings.kafka.bootstrap}" + ("" if use_kafka else " (alerts)")]
         if source is not SourceChoice.kafka:
             inputs.append(
-                f"Prometheus {settings.prometheus.url} every {settings.prometheus.step_s:g} s"
+                f"metrics from Prometheus {settings.prometheus.url} every "
+                f"{settings.prometheus.step_s:g} s"
             )
         err.print(
             f"Minder is serving on {stack.api_url} (API /api/v1, docs /docs, metrics /metrics, "

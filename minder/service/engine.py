@@ -265,7 +265,6 @@ class DetectionService:
         out: list[Alert] = []
         if start <= watermark:
             self.metrics.job_last_evaluation.labels(window.job).set(self.clock())
-            self.metrics.job_machines.labels(window.job).set(window.n_machines)
         for sec in range(start, watermark + 1):
             began = time.process_time()
             raised = state.detector.evaluate(window, sec)
@@ -277,7 +276,28 @@ class DetectionService:
                     out.append(stored)
             if sec - self._last_persist.get(window.job, NEVER) >= self.persist_every_s:
                 self._persist(state, sec)
+        if start <= watermark:
+            self._membership(window)
         return out
+
+    def _membership(self, window: JobWindow) -> None:
+        """Log and count the job's membership changes (machines that joined or left: not
+        faults), and export how many machines are in it and the interval it is sampled at."""
+        for change in window.take_membership():
+            self.metrics.membership_changes.labels(change=change.change).inc()
+            names = ", ".join(name[:64] for name in change.machines[:8])
+            more = f" and {len(change.machines) - 8} more" if len(change.machines) > 8 else ""
+            logger.info(
+                "job %s: %s %s%s%s",
+                window.job[:64],
+                change.change.replace("_", " "),
+                names or "(job-wide)",
+                more,
+                f" ({change.reason[:160]})" if change.reason else "",
+            )
+        self.metrics.job_machines.labels(window.job).set(int(window.active().sum()))
+        if window.cadence_known:
+            self.metrics.job_interval.labels(window.job).set(window.tick_s)
 
     def _load_open_alerts(self, job: str) -> None:
         """What the store knows is open for ``job``: no second alert for those machines."""

@@ -182,7 +182,7 @@ class PrometheusPoller:
                 start,
                 oldest,
             )
-            start = oldest
+            start = self._next = oldest  # given up for good: counted once
         try:
             result = self.reader.read(start, newest, cached_discovery=True)
         except PrometheusError as exc:

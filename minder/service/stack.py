@@ -129,8 +129,8 @@ def build_stack(
     """Connect storage and the metrics source(s) per ``settings`` and wire the service together.
 
     ``source``: batches from Kafka (the agents), from Prometheus (``settings.prometheus``,
-    polled every step), or from both. ``actuator`` replaces the configured scheduler target
-    (tests).
+    polled every step), or from both; alerts are published on Kafka in every case.
+    ``actuator`` replaces the configured scheduler target (tests).
     """
     if source not in SOURCES:
         raise MinderError(f"source {source!r}: expected one of {', '.join(SOURCES)}")
@@ -139,22 +139,21 @@ def build_stack(
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
     kafka = settings.kafka
-    if use_kafka:
-        # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
-        check_reachable(kafka.bootstrap)
+    # Alerts are published on Kafka whatever the source (minder.service.delivery).
+    # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
+    check_reachable(kafka.bootstrap)
     metrics = ServiceMetrics(registry)
     engine = create_engine_for(settings.database.url, echo=settings.database.echo)
     upgrade_database(engine)
     sessions = session_factory(engine)
-    if use_kafka:
-        ensure_topics(
-            kafka.bootstrap,
-            {
-                kafka.metrics_topic: kafka.partitions,
-                kafka.alerts_topic: kafka.partitions,
-                kafka.deadletter_topic: 1,
-            },
-        )
+    ensure_topics(
+        kafka.bootstrap,
+        {
+            kafka.metrics_topic: kafka.partitions,
+            kafka.alerts_topic: kafka.partitions,
+            kafka.deadletter_topic: 1,
+        },
+    )
     try:
         delivery = build_delivery(settings, sessions, metrics.registry, actuator=actuator)
     except Exception:

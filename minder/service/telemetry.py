@@ -121,6 +121,19 @@ class ServiceMetrics:
         self.job_machines = Gauge(
             "minder_job_machines", "Machines in the job's detection window", [JOB_LABEL], registry=r
         )
+        self.membership_changes = Counter(
+            "minder_membership_changes_total",
+            "Membership changes of the watched jobs: joined, left (goodbye), left_together "
+            "(fell silent together: a scale-down), quiet (most of a job stopped reporting)",
+            ["change"],
+            registry=r,
+        )
+        self.job_interval = Gauge(
+            "minder_job_sampling_interval_seconds",
+            "Sampling interval the job's detection follows (learnt from its data)",
+            [JOB_LABEL],
+            registry=r,
+        )
         self.job_last_sample = Gauge(
             "minder_job_last_sample_timestamp_seconds",
             "Unix time of the newest sample received for the job (freshness: time() - this)",
@@ -141,6 +154,8 @@ class ServiceMetrics:
         )
         for kind in AlertKind:
             self.alerts.labels(kind=kind.value)
+        for change in ("joined", "left", "left_together", "quiet"):
+            self.membership_changes.labels(change=change)
         self.batches_rejected.labels(reason="future_timestamp")
         self.init_store()
 
@@ -161,6 +176,12 @@ class ServiceMetrics:
         for machine in machines:
             with contextlib.suppress(KeyError):
                 self.machine_score.remove(job, machine)
-        for gauge in (self.job_machines, self.job_last_sample, self.job_last_evaluation):
+        gauges = (
+            self.job_machines,
+            self.job_interval,
+            self.job_last_sample,
+            self.job_last_evaluation,
+        )
+        for gauge in gauges:
             with contextlib.suppress(KeyError):
                 gauge.remove(job)

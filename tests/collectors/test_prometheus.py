@@ -130,7 +130,11 @@ def families() -> list[Any]:
     tx2 = tx2 + 1e12 + 2e9 * STEP * k
     add("node_infiniband_port_data_transmitted_bytes", "counter", [(port1, tx1), (port2, tx2)])
     rx1 = ib[("node_infiniband_port_data_received_bytes_total", "mlx4_0", "1")]
-    add("node_infiniband_port_data_received_bytes", "counter", [(port1, rx1 + 1e12 + 3e9 * STEP * k)])
+    add(
+        "node_infiniband_port_data_received_bytes",
+        "counter",
+        [(port1, rx1 + 1e12 + 3e9 * STEP * k)],
+    )
     i40iw = {**node, "device": "i40iw0", "port": "1"}
     i40iw_state = ib[("node_infiniband_state_id", "i40iw0", "1")] + flat
     state = [(port1, np.where(k >= 15, 1.0, 4.0)), (i40iw, i40iw_state)]

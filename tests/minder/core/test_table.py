@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from minder.core.errors import TableError
-from minder.core.table import read_table, write_table
+from minder.core.table import TableReader, read_table, write_table
 
 GOOD = """ts,job,machine,metric,value,device,group,domain
 1763700000.0,j1,n1,gpu_util_ratio,0.97,gpu0,pp0,leaf-1
@@ -89,3 +90,76 @@ def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
         read_table(tmp_path / "t.xlsx")
     with pytest.raises(FileNotFoundError):
         read_table(tmp_path / "absent.parquet")
+
+
+def _long_table(rows: int) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "ts": 1763700000.0 + np.arange(rows) // 3 + np.where(np.arange(rows) % 7 == 0, 0.25, 0),
+            "job": "j",
+            "machine": [f"n{i % 3}" for i in range(rows)],
+            "metric": "gpu_util_ratio",
+            "value": np.linspace(0.0, 1.0, rows),
+            "device": [f" gpu{i % 2} " for i in range(rows)],  # blanks are stripped
+        }
+    )
+
+
+@pytest.mark.parametrize("name", ["t.parquet", "t.csv.gz"])
+def test_reader_gives_the_table_in_pieces_of_at_most_chunk_rows(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        _long_table(100).to_parquet(path, index=False, row_group_size=40)
+    else:
+        _long_table(100).to_csv(path, index=False)
+    reader = TableReader(path, chunk_rows=15)
+    pieces = list(reader.chunks())
+    assert all(len(p) <= 15 for _, p in pieces) and len(pieces) >= 7
+    assert [first for first, _ in pieces] == list(np.cumsum([0] + [len(p) for _, p in pieces])[:-1])
+    joined = pd.concat([p for _, p in pieces], ignore_index=True)
+    whole = read_table(path)
+    for column in ("ts", "value"):
+        np.testing.assert_array_equal(joined[column].to_numpy(), whole[column].to_numpy())
+    for column in ("machine", "device", "group"):
+        assert joined[column].astype(str).tolist() == whole[column].astype(str).tolist()
+    assert set(whole["device"].astype(str)) == {"gpu0", "gpu1"}
+    assert reader.rows == (100 if name.endswith(".parquet") else None)
+    # Only the columns asked for (and the required ones) are read; the others come back empty.
+    _, first = next(iter(reader.chunks(["ts"])))
+    assert set(first["device"].astype(str)) == {""}
+
+
+def test_reader_names_the_file_row_of_a_bad_cell_in_a_later_piece(tmp_path: Path) -> None:
+    text = GOOD + "1763700002.0,j1,n2,gpu_util_ratio,0.5,gpu0,,\n" * 5
+    text += "1763700003.0,j1,n2,gpu_util_ratio,high,gpu0,,\n"
+    path = _write(tmp_path, text)
+    with pytest.raises(TableError) as info:
+        for _ in TableReader(path, chunk_rows=2).chunks():
+            pass
+    assert (info.value.column, info.value.row) == ("value", 8)
+    with pytest.raises(TableError) as whole:
+        read_table(path)
+    assert whole.value.row == 8
+
+
+def test_reader_refuses_a_missing_column_before_reading_and_a_bad_chunk_size(
+    tmp_path: Path,
+) -> None:
+    frame = pd.DataFrame({"ts": [1.0], "job": ["j"], "machine": ["n"], "value": [0.5]})
+    frame.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(TableError, match="missing required column") as info:
+        TableReader(tmp_path / "t.parquet")
+    assert info.value.column == "metric"
+    with pytest.raises(TableError, match="chunk_rows is 0"):
+        TableReader(_write(tmp_path, GOOD), chunk_rows=0)
+    with pytest.raises(FileNotFoundError):
+        TableReader(tmp_path / "absent.csv.gz")
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.125])
+def test_csv_keeps_timestamps_exact(tmp_path: Path, fraction: float) -> None:
+    frame = read_table(_write(tmp_path, GOOD))
+    frame["ts"] = frame["ts"] + fraction
+    back = read_table(write_table(frame, tmp_path / "t.csv.gz"))
+    np.testing.assert_array_equal(back["ts"].to_numpy(), frame["ts"].to_numpy())
+    assert back["ts"].nunique() == 2
