@@ -1142,9 +1142,12 @@ class PrometheusReader:
             lookup = labelled.drop_duplicates(["machine", "ts"])
             counts = labelled.groupby(["machine", "job"]).size().reset_index(name="n")
             best = counts.sort_values("n", ascending=False, kind="stable")
-            by_machine = dict(
-                best.drop_duplicates("machine")[["machine", "job"]].itertuples(index=False)
-            )
+            by_machine = {
+                int(m): int(j)
+                for m, j in best.drop_duplicates("machine")[["machine", "job"]].itertuples(
+                    index=False, name=None
+                )
+            }
             keys = frame.loc[missing, ["machine", "ts"]].reset_index(drop=True)
             found = keys.merge(lookup, on=["machine", "ts"], how="left")["job"].to_numpy()
             fallback = keys["machine"].map(by_machine).to_numpy(dtype=np.float64)
@@ -1156,9 +1159,12 @@ class PrometheusReader:
             frame["job"] = job
             unresolved = (frame["job"] == no_job).to_numpy()
             if unresolved.any():
-                dropped = frame.loc[unresolved, "metric"].value_counts()
-                for code, count in dropped.items():
-                    stats.dropped_samples[("no_job", str(names["metric"][code]))] += int(count)
+                dropped = np.bincount(
+                    frame.loc[unresolved, "metric"], minlength=len(names["metric"])
+                )
+                for code in np.flatnonzero(dropped):
+                    metric = names["metric"][code]
+                    stats.dropped_samples[("no_job", metric)] += int(dropped[code])
                 frame = frame.loc[~unresolved]
             if raw_events:
                 at_step = {
@@ -1175,8 +1181,9 @@ class PrometheusReader:
         frame = frame.sort_values("family", kind="stable")
         duplicate = frame.duplicated(key, keep="first").to_numpy()
         if duplicate.any():
-            for code, count in frame.loc[duplicate, "metric"].value_counts().items():
-                stats.dropped_samples[("duplicate", str(names["metric"][code]))] += int(count)
+            per_metric = np.bincount(frame.loc[duplicate, "metric"], minlength=len(names["metric"]))
+            for code in np.flatnonzero(per_metric):
+                stats.dropped_samples[("duplicate", names["metric"][code])] += int(per_metric[code])
             frame = frame.loc[~duplicate]
         frame = frame.sort_values(["ts", "job", "machine", "metric", "device"], kind="stable")
         n = len(frame)
@@ -1206,7 +1213,7 @@ class PrometheusReader:
         return out, events
 
 
-def _category(codes: np.ndarray, names: list[str]) -> pd.Categorical:
+def _category(codes: np.ndarray, names: list[str]) -> pd.Categorical[str]:
     """A table column from codes into sorted ``names``."""
     return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=str))
 

@@ -1,0 +1,87 @@
+"""``minder detect``: the table streamed from the file, bad input counted in the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from collectors.sim import Scenario, simulate_table
+from minder.cli import app
+from minder.core.table import write_table
+
+runner = CliRunner()
+
+SCENARIO = {
+    "seed": 11,
+    "duration_s": 150,
+    "jobs": [
+        {
+            "name": "t",
+            "machines": 16,
+            "machines_per_domain": 8,
+            "step_time_s": 4.0,
+            "late_rate": 0.01,
+            "duplicate_rate": 0.01,
+        }
+    ],
+    "faults": [
+        {"type": "pcie_downgrade", "machine": 4, "device": "gpu1", "link_width": 8, "start_s": 30},
+        {"type": "machine_unreachable", "machine": 9, "start_s": 80},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    return simulate_table(Scenario.model_validate(SCENARIO))
+
+
+def _detect(path: Path) -> dict:
+    result = runner.invoke(app, ["detect", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_sorted_parquet_and_shuffled_csv_give_the_same_alerts(
+    table: pd.DataFrame, tmp_path: Path
+) -> None:
+    ordered = _detect(write_table(table, tmp_path / "t.parquet"))
+    assert {(a["machine"], a["kind"]) for a in ordered["alerts"]} == {
+        ("t-n0004", "rule"),
+        ("t-n0009", "silence"),
+    }
+    summary = ordered["summary"]
+    assert summary["replay"]["modes"] == {"t": "stream"}
+    assert summary["input"]["samples"] == len(table)
+    assert summary["input"]["duplicates"] > 0 and summary["input"]["out_of_order"] > 0
+
+    shuffled = table.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    unsorted = _detect(write_table(shuffled, tmp_path / "shuffled.csv.gz"))
+    assert unsorted["alerts"] == ordered["alerts"]
+    assert unsorted["summary"]["input"]["backwards"] > len(table) // 2
+    assert unsorted["summary"]["input"]["duplicates"] == summary["input"]["duplicates"]
+
+
+def test_table_output_has_a_line_counting_bad_input(tmp_path: Path) -> None:
+    rows = [
+        f"{1763700000 + s},j,n{m},cpu_util_ratio,0.5"
+        for s in [*range(100), 10, 10]  # second 10 twice more: 90 s back, beyond the horizon
+        for m in range(4)
+    ]
+    path = tmp_path / "bad.csv"
+    path.write_text("ts,job,machine,metric,value\n" + "\n".join(rows) + "\n")
+    result = runner.invoke(app, ["detect", str(path)])
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.stdout.split())  # the console may wrap it
+    assert "Input: 408 row(s); 8 out of time order (8 by the detector's horizon or more)" in line
+    assert "8 repeated sample(s)" in line and "0 too old for the window" in line
+
+
+def test_a_missing_table_is_one_line_on_stderr(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["detect", str(tmp_path / "absent.parquet")])
+    assert result.exit_code == 2
+    assert "absent.parquet" in result.output and "does not exist" in result.output
