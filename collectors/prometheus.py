@@ -634,6 +634,7 @@ class PrometheusReader:
         )
         self._discovered: tuple[float, set[str], dict[str, int]] | None = None
         self._reported_unknown: set[str] = set()
+        self._reported_skips: set[tuple[str, str]] = set()
         # State of the stateful mappings across reads (the live poller reads step after step).
         self._last_xid: dict[tuple[str, str], int] = {}
         self._was_active: dict[tuple[str, str], bool] = {}
@@ -992,13 +993,13 @@ class PrometheusReader:
         device, reason = self._device(query, labels)
         if machine is None or device is None:
             if first:
-                stats.skipped_series[("no_machine_label" if machine is None else reason, name)] += 1
+                self._skip(stats, "no_machine_label" if machine is None else reason, name, labels)
             return
         try:
             validate_device(METRICS[query.metric], device)
         except ValidationError:
             if first:
-                stats.skipped_series[("bad_device", name)] += 1
+                self._skip(stats, "bad_device", name, labels)
             return
         job = self._label(labels, self.job_specs)
         try:
@@ -1041,6 +1042,20 @@ class PrometheusReader:
                 )
         if len(ts):
             pieces.append(_Piece(query, name, job, machine, device, ts, values))
+
+    def _skip(self, stats: ReadStats, reason: str, name: str, labels: dict[str, str]) -> None:
+        """Count a series left out; the first of each reason and name is logged."""
+        stats.skipped_series[(reason, name)] += 1
+        if (reason, name) not in self._reported_skips:
+            self._reported_skips.add((reason, name))
+            logger.info(
+                "Prometheus at %s: series of %s left out (%s), e.g. labels %s; further ones "
+                "are counted, not logged",
+                self.url,
+                _short(name, 80),
+                reason,
+                _short(",".join(f"{k}={v}" for k, v in sorted(labels.items())), 200),
+            )
 
     def _xid(
         self,
@@ -1206,8 +1221,8 @@ class PrometheusReader:
             chosen_job = labelled_job
             if chosen_job is None:
                 m = machine_code[machine]
-                code = at_step.get((m, float(event.ts)), by_machine.get(m, -1))
-                chosen_job = names["job"][code] if code >= 0 else self.default_job
+                index = at_step.get((m, float(event.ts)), by_machine.get(m, -1))
+                chosen_job = names["job"][index] if index >= 0 else self.default_job
             if chosen_job:
                 events.append((chosen_job, machine, event))
         return out, events

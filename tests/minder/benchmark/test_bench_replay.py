@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from collectors.sim import Scenario, iter_batches, simulate_table
@@ -112,3 +113,57 @@ def test_agent_restarts_alone_raise_no_alert() -> None:
     )
     result = replay(scen, default_factory())
     assert result.alerts == []
+
+
+def test_resampler_reads_a_scrape_of_the_interval() -> None:
+    from minder.benchmark.replay import Resampler
+
+    # series: a gauge, a rate, a count; two machines; 5 s intervals
+    r = Resampler(2, ("gpu_util_ratio", "rdma_tx_bytes_per_second", "gpu_xid_count"), 5, 1)
+    for sec in range(5):
+        machines = np.array([0, 0, 0, 1, 1, 1])
+        series = np.array([0, 1, 2, 0, 1, 2])
+        values = np.array([sec / 10, 10.0 * sec, 1.0, 0.5, 1.0, 0.0], dtype=np.float32)
+        if sec == 4:  # machine 1 is down at the scrape instant: no sample for it
+            machines, series, values = machines[:3], series[:3], values[:3]
+        r.add(sec, machines, series, values)
+    assert list(r.due(4)) == []  # its grace is not over
+    [(second, machines, series, values)] = list(r.due(5))
+    assert second == 4
+    assert machines.tolist() == [0, 0, 0]
+    assert values.tolist() == pytest.approx([0.4, 20.0, 5.0])  # last, mean, sum
+    r.add(3, np.array([0]), np.array([0]), np.array([1.0], dtype=np.float32))
+    assert r.too_late == 1
+
+
+@pytest.mark.parametrize("interval", [5, 15])
+def test_replay_at_a_coarse_interval_detects_at_that_interval(interval: int) -> None:
+    from detectors.window import JobWindow
+
+    windows: list[JobWindow] = []
+    base = default_factory()
+
+    class Spy:
+        def __init__(self) -> None:
+            self.inner = base()
+            self.horizon_s = self.inner.horizon_s
+
+        def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
+            if not windows:
+                windows.append(window)
+            return self.inner.evaluate(window, now)
+
+        def machine_scores(self) -> dict[str, tuple[list[float], list[int]]]:
+            return self.inner.machine_scores()
+
+    sc = Scenario.model_validate(
+        {
+            "seed": 3,
+            "duration_s": 900,
+            "jobs": [{"name": "j", "machines": 12, "machines_per_domain": 4, "step_time_s": 4.3}],
+            "faults": [{"type": "machine_unreachable", "machine": 7, "start_s": 400}],
+        }
+    )
+    result = replay(sc, Spy, interval_s=interval)
+    assert windows[0].tick_s == interval
+    assert [(a.machine, a.kind.value) for a in result.alerts] == [("j-n0007", "silence")]
