@@ -1033,6 +1033,19 @@ class PrometheusReader:
         inside = (values >= spec.lower) & (values <= spec.upper)
         if not inside.all():
             stats.dropped_samples[("out_of_range", query.metric)] += int((~inside).sum())
+            if ("out_of_range", query.metric) not in self._reported_skips:
+                self._reported_skips.add(("out_of_range", query.metric))
+                logger.info(
+                    "Prometheus at %s: %s of %s holds %r, outside [%g, %g] (%s): left out; "
+                    "further ones are counted, not logged",
+                    self.url,
+                    query.metric,
+                    _short(name, 80),
+                    float(values[~inside][0]),
+                    spec.lower,
+                    spec.upper,
+                    spec.unit,
+                )
             ts, values = ts[inside], values[inside]
         if query.metric == "gpu_ecc_dbe_count":
             for at, count in zip(ts[values > 0], values[values > 0], strict=True):

@@ -46,6 +46,11 @@ class KafkaSettings(BaseModel):
     # Tansu holds a group join for about half the session timeout: 6 s keeps joins near 3 s.
     session_timeout_ms: int = Field(6_000, ge=1_000)
     heartbeat_interval_ms: int = Field(1_000, ge=100)
+    publish_alerts: bool | None = Field(
+        None,
+        description="publish alerts on the alerts topic; none = when Kafka is a metrics source "
+        "(a Prometheus-only service then needs no broker)",
+    )
 
 
 class PrometheusSourceSettings(BaseModel):

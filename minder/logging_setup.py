@@ -26,6 +26,8 @@ def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
     # Alembic narrates every migration step at INFO; the service logs the resulting revision.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # httpx logs every request at INFO (the Prometheus source polls every step).
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     # The detection handler runs inside the consumer's poll on purpose (offsets are committed
     # after processing), which kafka-python's selector reports as a blocked event loop.
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)

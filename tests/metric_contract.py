@@ -25,6 +25,11 @@ SERVICE_METRICS = {
     "minder_job_machines",
     "minder_job_sampling_interval_seconds",
     "minder_membership_changes_total",
+    # a polled metrics source, when configured (minder.service.prometheus_source.SourceMetrics)
+    "minder_source_batches_total",
+    "minder_source_errors_total",
+    "minder_source_skipped_seconds_total",
+    "minder_source_last_timestamp_seconds",
     "minder_job_last_sample_timestamp_seconds",
     "minder_job_last_evaluation_timestamp_seconds",
     "minder_evaluation_seconds_bucket",

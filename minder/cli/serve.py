@@ -92,7 +92,9 @@ def serve_command(
             f"--source {source.value} needs MINDER_PROMETHEUS__URL: expected the Prometheus "
             "server's base URL, e.g. http://prometheus:9090"
         )
-    if not embedded_broker:
+    publish = settings.kafka.publish_alerts
+    needs_broker = use_kafka or bool(publish)
+    if not embedded_broker and needs_broker:
         # Before importing the service (seconds): a missing broker is said in one line at once.
         from minder.stream.topics import check_reachable  # noqa: PLC0415
 
@@ -122,7 +124,11 @@ def serve_command(
             stack.start()
         except MinderError as exc:
             raise fail(exc) from None
-        inputs = [f"Kafka {settings.kafka.bootstrap}" + ("" if use_kafka else " (alerts)")]
+        inputs = (
+            [f"Kafka {settings.kafka.bootstrap}" + ("" if use_kafka else " (alerts)")]
+            if needs_broker or embedded_broker
+            else []
+        )
         if source is not SourceChoice.kafka:
             inputs.append(
                 f"metrics from Prometheus {settings.prometheus.url} every "

@@ -102,10 +102,12 @@ def build_delivery(
     registry: CollectorRegistry,
     *,
     actuator: object | None = None,
+    kafka_alerts: bool = True,
 ) -> Delivery:
     """Destinations, senders and workers of the settings.
 
-    ``actuator`` overrides the configured scheduler target (tests).
+    ``actuator`` overrides the configured scheduler target (tests); ``kafka_alerts`` False
+    leaves out the Kafka alerts topic (a service fed by Prometheus alone, without a broker).
     """
     ttl = settings.delivery.ttl_s
     backoff = Backoff(
@@ -114,9 +116,10 @@ def build_delivery(
     senders: list[tuple[Destination, Sender]] = []
     closables: list[Callable[[], None]] = []
     try:
-        publisher = AlertPublisher.from_settings(settings.kafka)
-        closables.append(publisher.close)
-        senders.append((Destination("kafka", ALL_EVENTS, ttl), KafkaSender(publisher)))
+        if kafka_alerts:
+            publisher = AlertPublisher.from_settings(settings.kafka)
+            closables.append(publisher.close)
+            senders.append((Destination("kafka", ALL_EVENTS, ttl), KafkaSender(publisher)))
         for endpoint in settings.webhook.all_endpoints():
             sender = WebhookSender(
                 endpoint.name,

@@ -129,7 +129,9 @@ def build_stack(
     """Connect storage and the metrics source(s) per ``settings`` and wire the service together.
 
     ``source``: batches from Kafka (the agents), from Prometheus (``settings.prometheus``,
-    polled every step), or from both; alerts are published on Kafka in every case.
+    polled every step), or from both; alerts are published on Kafka when Kafka is a source
+    (or ``kafka.publish_alerts`` says so), and go to the store, webhooks, Alertmanager and the
+    scheduler in every case.
     ``actuator`` replaces the configured scheduler target (tests).
     """
     if source not in SOURCES:
@@ -139,23 +141,24 @@ def build_stack(
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
     kafka = settings.kafka
-    # Alerts are published on Kafka whatever the source (minder.service.delivery).
-    # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
-    check_reachable(kafka.bootstrap)
+    # Alerts go to the Kafka alerts topic when Kafka is a source, or when asked to.
+    kafka_alerts = use_kafka if kafka.publish_alerts is None else kafka.publish_alerts
+    if use_kafka or kafka_alerts:
+        # One line within seconds when nothing listens, not kafka-python's retries for 30 s.
+        check_reachable(kafka.bootstrap)
     metrics = ServiceMetrics(registry)
     engine = create_engine_for(settings.database.url, echo=settings.database.echo)
     upgrade_database(engine)
     sessions = session_factory(engine)
-    ensure_topics(
-        kafka.bootstrap,
-        {
-            kafka.metrics_topic: kafka.partitions,
-            kafka.alerts_topic: kafka.partitions,
-            kafka.deadletter_topic: 1,
-        },
-    )
+    topics = {kafka.alerts_topic: kafka.partitions} if kafka_alerts else {}
+    if use_kafka:
+        topics |= {kafka.metrics_topic: kafka.partitions, kafka.deadletter_topic: 1}
+    if topics:
+        ensure_topics(kafka.bootstrap, topics)
     try:
-        delivery = build_delivery(settings, sessions, metrics.registry, actuator=actuator)
+        delivery = build_delivery(
+            settings, sessions, metrics.registry, actuator=actuator, kafka_alerts=kafka_alerts
+        )
     except Exception:
         engine.dispose()
         raise

@@ -1,7 +1,7 @@
 """The Prometheus reader against a real Prometheus holding stored history.
 
 History is written as OpenMetrics, turned into TSDB blocks with ``promtool`` and served by a real
-``prometheus`` (the harness of ``tests/dashboards/prometheus_server.py``); skipped, saying why,
+``prometheus`` (the harness of ``tests/prometheus_server.py``); skipped, saying why,
 when either binary is absent. A fake server stands in only for what a lone Prometheus cannot
 answer: warnings of partial data (a remote-read or federated backend) and a server that is not
 Prometheus at all.
@@ -9,9 +9,7 @@ Prometheus at all.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +39,6 @@ from minder.core.errors import ValidationError
 from minder.core.metrics import METRICS
 from minder.core.records import EventKind
 
-HARNESS = Path(__file__).resolve().parents[1] / "dashboards" / "prometheus_server.py"
 NODE_EXPORTER_IB = (
     Path(__file__).resolve().parents[3]
     / "shared"
@@ -57,16 +54,11 @@ TS = T0 + STEP * np.arange(N)
 
 
 def load_harness() -> ModuleType:
-    """The real-Prometheus harness; it is importable by name from ``tests/dashboards`` only,
-    so it is loaded from its file here (once, under the same name)."""
-    name = "prometheus_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HARNESS)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
+    folder through ``tests/conftest.py``)."""
+    import prometheus_server
+
+    return prometheus_server
 
 
 def ib_fixture() -> dict[tuple[str, str, str], float]:

@@ -195,11 +195,17 @@ def _exported_series() -> set[str]:
     from minder.actions.executor import ActionMetrics
     from minder.api.whatif_runner import WhatIfMetrics
     from minder.delivery.worker import DeliveryMetrics
+    from minder.service.prometheus_source import SourceMetrics
     from minder.service.telemetry import ServiceMetrics
 
     service = ServiceMetrics()
     DeliveryMetrics(service.registry)  # registered by the service's outbox
     ActionMetrics(service.registry)  # registered when scheduler actions are configured
+    source = SourceMetrics(service.registry)  # registered with a Prometheus source
+    source.batches.labels("prometheus")
+    source.errors.labels("prometheus", "unreachable")
+    source.skipped.labels("prometheus")
+    source.last.labels("prometheus")
     WhatIfMetrics.on(service.registry).set_job("job-1", 1.25, "worker")
     agent = Agent([], job="job-1", node="node-1", labels={})
     agent.collect_once(time.time())  # some series exist only after a collection

@@ -3,13 +3,12 @@ canonical table, and the faulty machine found in it by ``minder detect``.
 
 The job (16 machines × 8 GPUs, 40 minutes scraped every 15 s, dcgm-exporter and node_exporter
 names and labels) is written as OpenMetrics, turned into TSDB blocks with ``promtool`` and
-served by a real ``prometheus`` (``tests/dashboards/prometheus_server.py``); skipped, saying why,
+served by a real ``prometheus`` (``tests/prometheus_server.py``); skipped, saying why,
 when either binary is absent.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from typer.testing import CliRunner
 from minder.cli import app
 from minder.core.table import read_table
 
-HARNESS = Path(__file__).resolve().parents[2] / "dashboards" / "prometheus_server.py"
 runner = CliRunner()
 
 MACHINES = 16
@@ -43,16 +41,11 @@ TS = T0 + STEP * np.arange(STEPS)
 
 
 def load_harness() -> ModuleType:
-    """The real-Prometheus harness; it is importable by name from ``tests/dashboards`` only,
-    so it is loaded from its file here (once, under the same name)."""
-    name = "prometheus_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HARNESS)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
+    folder through ``tests/conftest.py``)."""
+    import prometheus_server
+
+    return prometheus_server
 
 
 def host(m: int) -> str:

@@ -1,14 +1,13 @@
 """Live mode: the Prometheus poller feeds a DetectionService from a real Prometheus.
 
 The Prometheus holds stored history (OpenMetrics → ``promtool`` → TSDB blocks, the harness of
-``tests/dashboards/prometheus_server.py``); the poller's clock is one the test moves over that
+``tests/prometheus_server.py``); the poller's clock is one the test moves over that
 history, or, for ``minder serve``, the real clock with a lag that reaches back into it. Skipped,
 saying why, when ``prometheus`` or ``promtool`` is absent.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -36,7 +35,6 @@ from minder.service.prometheus_source import PrometheusPoller
 from minder.service.telemetry import ServiceMetrics
 from minder.stream.broker import free_port
 
-HARNESS = Path(__file__).resolve().parents[2] / "dashboards" / "prometheus_server.py"
 MACHINES = 6
 GPUS = 2
 STEP = 15.0
@@ -48,16 +46,11 @@ LAG = 30.0
 
 
 def load_harness() -> ModuleType:
-    """The real-Prometheus harness; it is importable by name from ``tests/dashboards`` only,
-    so it is loaded from its file here (once, under the same name)."""
-    name = "prometheus_server"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HARNESS)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
+    folder through ``tests/conftest.py``)."""
+    import prometheus_server
+
+    return prometheus_server
 
 
 @pytest.fixture(scope="module")
@@ -209,12 +202,29 @@ def _get(url: str) -> tuple[int, bytes]:
 
 @pytest.mark.kafka
 def test_serve_with_the_prometheus_source_polls_it(prom: Any, broker: Any, tmp_path: Path) -> None:
+    # Alerts are also published on Kafka when asked to.
+    _serve_and_check(
+        prom,
+        tmp_path,
+        {"MINDER_KAFKA__BOOTSTRAP": broker.bootstrap, "MINDER_KAFKA__PUBLISH_ALERTS": "true"},
+    )
+
+
+def test_serve_with_only_the_prometheus_source_needs_no_broker(prom: Any, tmp_path: Path) -> None:
+    output = _serve_and_check(
+        prom, tmp_path, {"MINDER_KAFKA__BOOTSTRAP": f"127.0.0.1:{free_port()}"}
+    )
+    assert "Kafka" not in output.split("Minder is serving on", 1)[1].splitlines()[0]
+
+
+def _serve_and_check(prom: Any, tmp_path: Path, extra: dict[str, str]) -> str:
+    """``minder serve --source prometheus`` reads the stored history; returns its output."""
     port = free_port()
     # The lag reaches back into the stored history, so the real clock reads it.
     lag = time.time() - (T0 + STEP * 20)
     env = _env(
         {
-            "MINDER_KAFKA__BOOTSTRAP": broker.bootstrap,  # alerts are published there
+            **extra,
             "MINDER_PROMETHEUS__URL": prom.url,
             "MINDER_PROMETHEUS__LAG_S": f"{lag:.0f}",
             "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'minder.db'}",
@@ -258,6 +268,7 @@ def test_serve_with_the_prometheus_source_polls_it(prom: Any, broker: Any, tmp_p
     output = (tmp_path / "serve.log").read_text(errors="replace")
     assert process.returncode == 0, output[-3000:]
     assert f"metrics from Prometheus {prom.url} every 15 s" in output
+    return output
 
 
 def _one_line_error(output: str) -> str:
