@@ -7,7 +7,8 @@ Two entry points give the same alerts:
 
 * :func:`detect_table` replays a table held in memory (training and the benchmarks use it).
 * :func:`detect_file` replays a table file with bounded memory (``minder detect`` uses it). A
-  first pass reads only the names and timestamps: it learns the jobs, their machines and series
+  first pass validates every piece (as ``read_table``) and keeps only what the names and
+  timestamps tell: the jobs, their machines and series
   (registered in the window in the order :func:`detect_table` registers them: sorted names) and
   how far the rows are out of time order. A second pass replays each job in time order: straight
   from the file through a small reorder buffer when its rows are nearly ordered, else through
@@ -657,7 +658,7 @@ def detect_file(
 def _scan(
     reader: TableReader, factory: DetectorFactory, reading: ReadProgress | None
 ) -> dict[str, _JobScan]:
-    """First pass: jobs, machines, series, seconds and time order, from the names and ``ts``."""
+    """First pass: every piece validated; jobs, machines, series, seconds and time order kept."""
     scans: dict[str, _JobScan] = {}
     done = 0
     columns = ("ts", "job", "machine", "metric", "device", "group", "domain", "value")
