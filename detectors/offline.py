@@ -35,7 +35,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from detectors.base import DetectorFactory, JobDetector, default_factory
-from detectors.window import JobWindow
+from detectors.window import JobWindow, MembershipChange
 from minder.core.alert import Alert
 from minder.core.errors import TableError
 from minder.core.table import TableReader
@@ -71,13 +71,16 @@ class DetectionRun:
     ``jobs`` holds, per job: ``machines``, ``series``, ``seconds``, ``samples`` (rows),
     ``duplicates`` (repeated samples), ``out_of_order`` (rows older than a row before them in
     the table), ``backwards`` (of those, rows older by the detector's horizon or more) and
-    ``too_old`` (samples the window refused). ``modes`` says how each job was replayed
+    ``too_old`` (samples the window refused) and ``interval_s`` (the sampling interval
+    detection followed). ``modes`` says how each job was replayed
     (``memory``, ``stream`` or ``spill``); ``peak_rows`` is the most table rows
     :func:`detect_file` held at once.
     """
 
     alerts: list[Alert] = field(default_factory=list)
     jobs: dict[str, dict[str, float]] = field(default_factory=dict)
+    membership: list[MembershipChange] = field(default_factory=list)
+    """Machines that joined or left (not faults), in time order per job."""
     modes: dict[str, str] = field(default_factory=dict)
     peak_rows: int = 0
 
@@ -93,6 +96,16 @@ class DetectionRun:
             "machines_alerted": sorted({a.machine for a in self.alerts}),
             "input": self.input_counts(),
             "replay": {"modes": self.modes, "peak_rows": self.peak_rows},
+            "membership": [
+                {
+                    "job": c.job,
+                    "change": c.change,
+                    "machines": list(c.machines),
+                    "ts": c.ts,
+                    "reason": c.reason,
+                }
+                for c in self.membership
+            ],
         }
 
 
@@ -167,6 +180,7 @@ class _Replay:
         self.pending: int | None = None  # last second with data, its evaluation not yet done
         self.evaluated = 0  # seconds with data evaluated
         self.alerts: list[Alert] = []
+        self.membership: list[MembershipChange] = []
         self.counts = dict.fromkeys(_COUNTS, 0)
 
     def register(self, machines: list[tuple[str, str, str]], series: list[tuple[str, str]]) -> None:
@@ -208,6 +222,8 @@ class _Replay:
         stop = sec + 1 if following is None else following
         for now in range(sec, min(stop, sec + self.window.horizon_s)):
             self.alerts.extend(self.detector.evaluate(self.window, now))
+            if self.window.membership:
+                self.membership.extend(self.window.take_membership())
             if self.on_second is not None:
                 self.on_second(self.job, now, self.window, self.detector)
         if self.progress is not None and (self.evaluated % 60 == 0 or following is None):
@@ -227,6 +243,7 @@ class _Replay:
             "out_of_order": float(out_of_order),
             "backwards": float(backwards),
             "too_old": float(self.window.stats.too_old),
+            "interval_s": float(self.window.tick_s),
         }
 
 
@@ -283,8 +300,9 @@ def detect_table(
     # groupby copies every job's rows; a table of one job (the usual case) is used as it is.
     parts = [(jobs[0], table)] if len(jobs) == 1 else table.groupby("job", observed=True, sort=True)
     for job, rows in parts:
-        alerts, covered = _detect_job(str(job), rows, factory, progress, on_second)
+        alerts, covered, membership = _detect_job(str(job), rows, factory, progress, on_second)
         run.alerts.extend(alerts)
+        run.membership.extend(membership)
         run.jobs[str(job)] = covered
         run.modes[str(job)] = "memory"
     run.alerts.sort(key=lambda a: (a.detected_ts, a.job, a.machine))
@@ -297,7 +315,7 @@ def _detect_job(
     factory: DetectorFactory,
     progress: Progress | None,
     on_second: SecondHook | None,
-) -> tuple[list[Alert], dict[str, float]]:
+) -> tuple[list[Alert], dict[str, float], list[MembershipChange]]:
     detector = factory()
     ts = rows["ts"].to_numpy(dtype=np.float64)
     table_secs = np.floor(ts).astype(np.int64)
@@ -352,7 +370,8 @@ def _detect_job(
             )
         )
         lo = hi
-    return replay.alerts, replay.finish(late, back)
+    covered = replay.finish(late, back)
+    return replay.alerts, covered, replay.membership
 
 
 def _codes(column: pd.Series, order: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -648,8 +667,9 @@ def detect_file(
                     plan.spill.close()
     for job in sorted(plans):
         plan = plans[job]
-        run.alerts.extend(plan.replay.alerts)
         run.jobs[job] = plan.replay.finish(plan.scan.out_of_order, plan.scan.backwards)
+        run.alerts.extend(plan.replay.alerts)  # after finish: it evaluates the last second
+        run.membership.extend(plan.replay.membership)
         run.modes[job] = "spill" if plan.spill is not None else "stream"
     run.alerts.sort(key=lambda a: (a.detected_ts, a.job, a.machine))
     return run

@@ -22,6 +22,7 @@ EMBEDDING_GRADS_ALL_REDUCE: Final = "embedding-grads-all-reduce"
 OPTIMIZER_CLIP_MAIN_GRAD: Final = "optimizer-clip-main-grad"
 OPTIMIZER: Final = "optimizer"
 GC: Final = "gc"
+ALL_TO_ALL: Final = "all-to-all"
 
 COMPUTE: Final = (FORWARD_COMPUTE, BACKWARD_COMPUTE)
 P2P: Final = (FORWARD_SEND, FORWARD_RECV, BACKWARD_SEND, BACKWARD_RECV)
@@ -31,14 +32,17 @@ OTHER_COMM: Final = (
     EMBEDDING_GRADS_ALL_REDUCE,
     OPTIMIZER_CLIP_MAIN_GRAD,
 )
-COMM: Final = P2P + DP_COMM + OTHER_COMM
+INLINE_COMM: Final = (ALL_TO_ALL,)
+"""Collectives on the compute path (not in the paper's model; from Kineto imports): an all-to-all
+waits for the compute before it and feeds the compute after it (``docs/whatif-method.md`` §2.7)."""
+COMM: Final = P2P + DP_COMM + OTHER_COMM + INLINE_COMM
 """Ops whose recorded duration includes waiting for peers; only their transfer part is kept."""
 
 HOST: Final = (OPTIMIZER, GC)
-ALL: Final = COMPUTE + COMM + HOST
-"""Every op type a canonical trace may hold."""
+ALL: Final = COMPUTE + P2P + DP_COMM + OTHER_COMM + HOST + INLINE_COMM
+"""Every op type a canonical trace may hold (the paper's first, in the artifact's order)."""
 
-DP_SYNCED: Final = (*DP_COMM, OPTIMIZER_CLIP_MAIN_GRAD)
+DP_SYNCED: Final = (*DP_COMM, OPTIMIZER_CLIP_MAIN_GRAD, ALL_TO_ALL)
 """Collectives whose group spans every DP rank of the step."""
 
 PP_COMM_GROUP: Final = {

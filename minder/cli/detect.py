@@ -68,6 +68,16 @@ def detect_command(
     machines = {a.machine for a in run.alerts}
     out.print(f"{len(run.alerts)} alert(s) on {len(machines)} machine(s)/domain(s).")
     out.print(_input_line(run))
+    intervals = sorted({int(job.get("interval_s", 1)) for job in run.jobs.values()})
+    if intervals:
+        out.print(f"Sampling interval followed: {', '.join(f'{i} s' for i in intervals)}.")
+    for change in run.membership:
+        names = ", ".join(change.machines[:6]) + (" …" if len(change.machines) > 6 else "")
+        out.print(
+            f"Membership (not a fault): job {escape(change.job)} {change.change.replace('_', ' ')}"
+            f" {escape(names) or '(job-wide)'} at {change.ts:.0f}"
+            + (f" — {escape(change.reason)}" if change.reason else "")
+        )
 
 
 def _input_line(run: DetectionRun) -> str:

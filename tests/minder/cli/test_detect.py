@@ -85,3 +85,27 @@ def test_a_missing_table_is_one_line_on_stderr(tmp_path: Path) -> None:
     result = runner.invoke(app, ["detect", str(tmp_path / "absent.parquet")])
     assert result.exit_code == 2
     assert "absent.parquet" in result.output and "does not exist" in result.output
+
+
+def test_a_scale_down_is_reported_as_membership_not_alerts(tmp_path: Path) -> None:
+    scenario = Scenario.model_validate(
+        {
+            "seed": 5,
+            "duration_s": 240,
+            "jobs": [{"name": "s", "machines": 16, "machines_per_domain": 4, "step_time_s": 4.0}],
+            "confounders": [
+                {"type": "scale_down", "machines": [1, 6, 11], "start_s": 120, "goodbye": False}
+            ],
+        }
+    )
+    path = write_table(simulate_table(scenario), tmp_path / "scale-down.parquet")
+    result = runner.invoke(app, ["detect", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["alerts"] == []
+    [change] = data["summary"]["membership"]
+    assert change["change"] == "left_together"
+    assert sorted(change["machines"]) == ["s-n0001", "s-n0006", "s-n0011"]
+    assert data["summary"]["jobs"]["s"]["interval_s"] == 1.0
+    text = runner.invoke(app, ["detect", str(path)])
+    assert "Membership (not a fault): job s left together" in text.stdout
