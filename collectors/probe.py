@@ -1,4 +1,4 @@
-"""Step-time probe: training processes report each step's duration to the node agent over UDP.
+"""Step probe: training processes report each step's duration and busy time to the node agent.
 
 In the training loop::
 
@@ -6,14 +6,29 @@ In the training loop::
 
     for batch in loader:
         with probe.timer():  # or: probe.step(seconds) with a time you measured
-            train_step(batch)
+            batch = move(batch)
+            with probe.busy():  # compute, outside blocking collectives
+                loss = forward_backward(batch)
+            all_reduce(grads)  # a blocking collective: not busy
+            with probe.busy():
+                optimizer.step()
 
-Each ``step`` sends one datagram ``b"minder1 <rank> <seconds>"`` to the agent
-(``MINDER_PROBE_ADDR``, default ``127.0.0.1:9477``) from a non-blocking socket: it never waits
-and never raises into the loop. A datagram that cannot be sent (no agent, full buffer, bad
-address) is counted in ``StepProbe.dropped``; the loop goes on. The agent side is
-:class:`ProbeSource`, which reports ``train_step_seconds`` per rank as the mean of the steps
-received in the interval.
+``busy`` blocks add up within the current step; a step without any reports no busy time (absent,
+not 0). A time measured elsewhere goes in directly: ``probe.step(seconds, busy=busy_s)``. The
+probe numbers the steps it reports 0, 1, 2 …; ``probe.step(seconds, number=n)`` (or
+``with probe.timer() as t: ... t.number = n``) says which step this was, e.g. after a restart
+from a checkpoint, and later steps count on from it.
+
+Each ``step`` sends one datagram ``b"minder2 <rank> <step> <seconds> <busy>"`` (``busy`` is
+``-`` when none was measured) to the agent (``MINDER_PROBE_ADDR``, default ``127.0.0.1:9477``)
+from a non-blocking socket: it never waits and never raises into the loop. A datagram that
+cannot be sent (no agent, full buffer, bad address) is counted in ``StepProbe.dropped``; a step
+time that is not a finite number > 0, or a busy time that is negative or longer than the step,
+is counted in ``StepProbe.ignored``; the loop goes on. The agent side is :class:`ProbeSource`,
+which reports per rank per interval ``train_step_seconds`` (the mean of the steps received),
+``train_busy_seconds`` (the mean busy time of the steps that reported one) and
+``train_step_number`` (the last step's number). It still accepts the version-1 datagram
+``b"minder1 <rank> <seconds>"`` of older probes (a step time alone).
 
 The client part of this module uses the standard library only and imports nothing else at
 import time, so the file can also be copied alone into a training image.
@@ -40,11 +55,19 @@ DEFAULT_ADDRESS = "127.0.0.1:9477"
 ADDRESS_ENV = "MINDER_PROBE_ADDR"
 RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 """Where the global rank is found: torchrun, Slurm, Open MPI, other PMI launchers."""
-MAGIC = b"minder1"
-"""Protocol tag and version: ``minder1 <rank> <seconds>`` (ASCII, space separated)."""
+MAGIC = b"minder2"
+"""Protocol tag and version: ``minder2 <rank> <step> <seconds> <busy>`` (ASCII, space
+separated; ``busy`` is ``-`` when the step reported none)."""
+MAGIC_V1 = b"minder1"
+"""The first version, still accepted by the agent: ``minder1 <rank> <seconds>``."""
+NO_BUSY = b"-"
 MAX_DATAGRAM = 512
-"""Longest datagram the agent reads; a valid one is under 64 bytes."""
+"""Longest datagram the agent reads; a valid one is under 128 bytes."""
 MAX_RANK = 2**31 - 1
+MAX_STEP = 2**53
+"""Largest step number (exact as a float64; windows of float32 hold it exactly to 2**24)."""
+_BUSY_SLACK = 1e-9
+"""Relative rounding allowed when summed busy blocks come out a hair over the step's time."""
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -96,6 +119,18 @@ def rank_from_env(environ: Mapping[str, str] | None = None) -> int:
     return 0
 
 
+class StepTimer:
+    """What ``with probe.timer() as t`` yields: set ``t.busy`` (seconds) or ``t.number`` (the
+    step's index) inside the block to report them; left None, the busy time is what the
+    ``busy()`` blocks of the step added up to (if any) and the number is the next one."""
+
+    __slots__ = ("busy", "number")
+
+    def __init__(self) -> None:
+        self.busy: float | None = None
+        self.number: int | None = None
+
+
 class StepProbe:
     """Sends one datagram per training step to the node agent; never blocks, never raises.
 
@@ -112,8 +147,12 @@ class StepProbe:
     Attributes
     ----------
     sent, dropped, ignored
-        Steps handed to the kernel, steps that could not be sent, and step times refused as
-        not finite or negative.
+        Steps handed to the kernel, steps that could not be sent, and steps refused: a step
+        time that is not a finite number > 0, a busy time that is not finite, negative or
+        longer than the step, or a step number that is not an integer in 0..2**53.
+    number
+        Index of the last step reported (-1 before the first). Every call of :meth:`step`
+        counts, refused ones too (the step happened); ``step(..., number=n)`` sets it.
     """
 
     def __init__(self, address: str | None = None, rank: int | None = None) -> None:
@@ -125,6 +164,12 @@ class StepProbe:
         self.sent = 0
         self.dropped = 0
         self.ignored = 0
+        self.number = -1
+        self._busy_s = 0.0
+        """Busy time the ``busy()`` blocks of the current step added up to."""
+        self._busy_seen = False
+        """Whether a ``busy()`` block ran in the current step (0 s is then a measurement)."""
+        self._busy_depth = 0
         self._prefix = b"%s %d " % (MAGIC, self.rank)
         self._sock: socket.socket | None = None
         try:
@@ -151,33 +196,74 @@ class StepProbe:
             return
         self._sock = sock
 
-    def step(self, seconds: float) -> None:
-        """Report one step of ``seconds``; returns at once whatever happens to the datagram."""
-        try:
-            value = float(seconds)
-        except (TypeError, ValueError, OverflowError):
+    def step(self, seconds: float, busy: float | None = None, number: int | None = None) -> None:
+        """Report one step of ``seconds`` (of which ``busy`` outside blocking collectives, by
+        default what this step's ``busy()`` blocks added up to, else none); ``number`` is the
+        step's index (default: the previous one + 1). Returns at once whatever happens."""
+        if busy is None and self._busy_seen:
+            busy = self._busy_s
+        self._busy_s, self._busy_seen = 0.0, False
+        index = self.number + 1
+        if number is not None:
+            given = _step_number(number)
+            if given is None:
+                self.number = index
+                self.ignored += 1
+                return
+            index = given
+        self.number = index
+        value = _finite(seconds)
+        if value is None or value <= 0.0:
             self.ignored += 1
             return
-        if not 0.0 <= value < math.inf:  # NaN fails both comparisons
-            self.ignored += 1
-            return
+        busy_text = NO_BUSY
+        if busy is not None:
+            busy_value = _finite(busy)
+            if busy_value is None or busy_value < 0.0:
+                self.ignored += 1
+                return
+            if busy_value > value:
+                if busy_value > value * (1.0 + _BUSY_SLACK):
+                    self.ignored += 1
+                    return
+                busy_value = value  # summed blocks a rounding error over the step
+            busy_text = repr(busy_value).encode()
         sock = self._sock
         if sock is None:
             self.dropped += 1
             return
         try:
-            sock.send(self._prefix + repr(value).encode())
+            sock.send(b"%s%d %s %s" % (self._prefix, index, repr(value).encode(), busy_text))
         except OSError:  # no listener (ECONNREFUSED), buffer full (EAGAIN), closed socket
             self.dropped += 1
         else:
             self.sent += 1
 
     @contextmanager
-    def timer(self) -> Iterator[None]:
-        """Time the ``with`` block and report it as one step (not when the block raises)."""
+    def timer(self) -> Iterator[StepTimer]:
+        """Time the ``with`` block and report it as one step (not when the block raises).
+
+        The step's busy time is what ``busy()`` blocks inside it add up to (none if there are
+        none), unless the block sets the yielded :class:`StepTimer`'s ``busy``.
+        """
+        self._busy_s, self._busy_seen = 0.0, False
+        handle = StepTimer()
         start = time.perf_counter()
-        yield
-        self.step(time.perf_counter() - start)
+        yield handle
+        self.step(time.perf_counter() - start, busy=handle.busy, number=handle.number)
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Count the ``with`` block as busy time of the current step (nested blocks once)."""
+        self._busy_depth += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._busy_depth -= 1
+            if self._busy_depth == 0:
+                self._busy_s += time.perf_counter() - start
+                self._busy_seen = True
 
     def close(self) -> None:
         """Release the socket; later steps are counted as dropped."""
@@ -186,8 +272,28 @@ class StepProbe:
             sock.close()
 
 
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None."""
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _step_number(value: object) -> int | None:
+    """``value`` as a step index in 0..MAX_STEP (an integral float is accepted), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= MAX_STEP else None
+    if isinstance(value, float) and value.is_integer() and 0 <= value <= MAX_STEP:
+        return int(value)
+    return None
+
+
 class _Default:
-    """Holder of the probe shared by the module-level :func:`step` and :func:`timer`."""
+    """Holder of the probe shared by the module-level :func:`step`, :func:`timer`, :func:`busy`."""
 
     probe: StepProbe | None = None
 
@@ -207,29 +313,52 @@ def default_probe() -> StepProbe:
     return _Default.probe
 
 
-def step(seconds: float) -> None:
-    """Report one training step of ``seconds`` with the default probe (never raises)."""
+def step(seconds: float, busy: float | None = None, number: int | None = None) -> None:
+    """Report one training step with the default probe (never raises); see
+    :meth:`StepProbe.step`."""
     probe = _Default.probe
     if probe is None:
         probe = default_probe()
-    probe.step(seconds)
+    probe.step(seconds, busy, number)
 
 
-def timer() -> AbstractContextManager[None]:
+def timer() -> AbstractContextManager[StepTimer]:
     """Time a ``with`` block as one step with the default probe."""
     return default_probe().timer()
+
+
+def busy() -> AbstractContextManager[None]:
+    """Count a ``with`` block as busy time of the default probe's current step."""
+    return default_probe().busy()
 
 
 # -- agent side ----------------------------------------------------------------------------------
 
 
+class _RankSteps:
+    """One rank's steps received in one interval."""
+
+    __slots__ = ("busy", "busy_steps", "number", "seconds", "steps")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.steps = 0
+        self.busy = 0.0
+        self.busy_steps = 0
+        self.number: int | None = None
+
+
 class ProbeSource:
-    """Receives the probes' datagrams and reports ``train_step_seconds`` per rank.
+    """Receives the probes' datagrams and reports per rank ``train_step_seconds``,
+    ``train_busy_seconds`` and ``train_step_number``.
 
     ``collect`` drains the datagrams queued since the previous call and emits, for each rank
-    that sent any, the mean of its step times (device ``rank<N>``). Ranks that sent nothing emit
-    nothing. A socket that cannot be bound is reported once (``bind_failed``) and the source then
-    yields nothing; malformed datagrams are counted as ``bad_datagram``.
+    that sent any (device ``rank<N>``): the mean of its step times; the mean busy time of the
+    steps that reported one (none reported: no sample, never 0); and the number of the last
+    step received (``minder1`` datagrams carry none). Ranks that sent nothing emit nothing. A
+    socket that cannot be bound is reported once (``bind_failed``) and the source then yields
+    nothing; malformed datagrams, and steps whose time is not a finite number > 0 or whose busy
+    time is negative or longer than the step, are counted as ``bad_datagram``.
 
     The port is open to every local process, so a flood must not hold the agent's loop nor
     invent devices: one collect reads at most ``max_drain`` datagrams or for ``max_drain_s``
@@ -320,13 +449,12 @@ class ProbeSource:
         return _format_address(self._sock.getsockname())
 
     def collect(self, now: float) -> Collected:
-        """Drain the queued datagrams and emit each rank's mean step time."""
+        """Drain the queued datagrams; emit each rank's mean step and busy time, last step."""
         out = self._collected()
         sock = self._sock
         if sock is None:
             return out
-        sums: dict[int, float] = {}
-        counts: dict[int, int] = {}
+        ranks: dict[int, _RankSteps] = {}
         started = time.monotonic()
         deadline = started + self._max_drain_s
         limited = True
@@ -346,22 +474,38 @@ class ProbeSource:
             if parsed is None:
                 self.problems.report(
                     "bad_datagram",
-                    f"expected b'minder1 <rank> <seconds>', got {data[:64]!r}",
+                    "expected b'minder2 <rank> <step> <seconds> <busy or ->' (or b'minder1 "
+                    f"<rank> <seconds>') with 0 < seconds and 0 <= busy <= seconds, got "
+                    f"{data[:64]!r}",
                 )
                 continue
-            rank, seconds = parsed
-            if rank not in counts and not self._accept(rank, started):
-                continue
-            sums[rank] = sums.get(rank, 0.0) + seconds
-            counts[rank] = counts.get(rank, 0) + 1
+            rank, number, seconds, busy = parsed
+            steps = ranks.get(rank)
+            if steps is None:
+                if not self._accept(rank, started):
+                    continue
+                steps = ranks[rank] = _RankSteps()
+            steps.seconds += seconds
+            steps.steps += 1
+            if busy is not None:
+                steps.busy += busy
+                steps.busy_steps += 1
+            if number is not None:
+                steps.number = number
         if limited and self._pending(sock):
             self.problems.report(
                 "drain_limit",
                 f"more than {self._max_drain} step datagrams or {self._max_drain_s:g} s of "
                 "reading in one interval; the rest is read at the next",
             )
-        for rank in sorted(sums):
-            out.add("train_step_seconds", f"rank{rank}", sums[rank] / counts[rank])
+        for rank in sorted(ranks):
+            steps, device = ranks[rank], f"rank{rank}"
+            out.add("train_step_seconds", device, steps.seconds / steps.steps)
+            if steps.busy_steps:
+                # Each busy <= its step, so the mean stays <= the mean step time.
+                out.add("train_busy_seconds", device, steps.busy / steps.busy_steps)
+            if steps.number is not None:
+                out.add("train_step_number", device, float(steps.number))
         return out
 
     def _accept(self, rank: int, now: float) -> bool:
@@ -389,18 +533,32 @@ class ProbeSource:
             return False
         return True
 
-    def _parse(self, data: bytes) -> tuple[int, float] | None:
+    def _parse(self, data: bytes) -> tuple[int, int | None, float, float | None] | None:
+        """``(rank, step number, seconds, busy)`` of a valid datagram, else None."""
         parts = data.split()
-        if len(parts) != 3 or parts[0] != MAGIC or not parts[1].isdigit():
+        if len(parts) == 3 and parts[0] == MAGIC_V1:
+            rank_text, number_text, seconds_text, busy_text = parts[1], None, parts[2], NO_BUSY
+        elif len(parts) == 5 and parts[0] == MAGIC:
+            rank_text, number_text, seconds_text, busy_text = parts[1:]
+        else:
             return None
-        rank = int(parts[1])
+        if not rank_text.isdigit() or int(rank_text) > MAX_RANK:
+            return None
+        number: int | None = None
+        if number_text is not None:
+            if not number_text.isdigit() or int(number_text) > MAX_STEP:
+                return None
+            number = int(number_text)
         try:
-            seconds = float(parts[2])
+            seconds = float(seconds_text)
+            busy = None if busy_text == NO_BUSY else float(busy_text)
         except ValueError:
             return None
-        if rank > MAX_RANK or not 0.0 <= seconds <= self._upper:
+        if not 0.0 < seconds <= self._upper:  # NaN fails both comparisons
             return None
-        return rank, seconds
+        if busy is not None and not 0.0 <= busy <= seconds:
+            return None
+        return int(rank_text), number, seconds, busy
 
     def close(self) -> None:
         """Close the socket; later collects yield nothing."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from detectors.config import DetectorConfig
@@ -31,9 +31,47 @@ DetectorFactory = Callable[[], JobDetector]
 """Builds a fresh detector for a new job."""
 
 
+class CompositeDetector:
+    """Several detectors of one job behind one :class:`JobDetector` (the peer engine and the
+    straggler detector): the longest horizon, every part's alerts, every part's scores."""
+
+    def __init__(self, parts: Sequence[JobDetector]) -> None:
+        if not parts:
+            raise ValueError("parts is empty: expected at least one detector")
+        self.parts = list(parts)
+
+    @property
+    def horizon_s(self) -> int:
+        return max(part.horizon_s for part in self.parts)
+
+    def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
+        out: list[Alert] = []
+        for part in self.parts:
+            out.extend(part.evaluate(window, now))
+        return out
+
+    def machine_scores(self) -> dict[str, tuple[list[float], list[int]]]:
+        out: dict[str, tuple[list[float], list[int]]] = {}
+        for part in self.parts:
+            out.update(part.machine_scores())
+        return out
+
+    @property
+    def live_slowdown(self) -> float | None:
+        """The job's live slowdown S, when a part measures it."""
+        for part in self.parts:
+            value = getattr(part, "live_slowdown", None)
+            if value is not None:
+                return float(value)
+        return None
+
+
 def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:
     """Factory of the default engine (:class:`detectors.engine.MinderDetector`)."""
     from detectors.engine import MinderDetector  # noqa: PLC0415  (peer imports base's siblings)
+    from detectors.straggler import StragglerDetector  # noqa: PLC0415
 
     cfg = config or DetectorConfig()
-    return lambda: MinderDetector(cfg)
+    return lambda: CompositeDetector(
+        [MinderDetector(cfg), StragglerDetector(horizon_s=cfg.horizon_s)]
+    )

@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 SCORERS: tuple[str, ...] = ("median", "pairwise")
 _COLLAPSING = frozenset({"mean", "median"})
+UNSTEADY_FACTOR = 0.5
+"""At coarse sampling, the robust scale is at least this share of how far the peers' median
+moved within the window (:meth:`MinderDetector._unsteady`)."""
 """Filters whose output is one value per window: scored without the time axis."""
 
 
@@ -290,6 +293,7 @@ class MinderDetector:
         if length > self.cadence.window:
             raw_values = self._hold_coarse(window, layout.all_cols, raw_values)
         values = _impute_missing(raw_values, comparisons)
+        unsteady = self._unsteady(window, values)
         # Scored: part of the job, and in it for a full window.
         full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= self.cadence.window
         self._scored = active & full
@@ -320,11 +324,33 @@ class MinderDetector:
                 ]
                 length = max(p.shape[-1] for p in parts)
                 block = np.stack([np.broadcast_to(p, (n, width, length)) for p in parts], axis=1)
-            result = score(block, comparisons, cfg.rel_floor, bucket.floors)
+            floors = bucket.floors
+            if unsteady is not None:
+                level_swing = unsteady[cols].reshape(k, width).max(axis=1)
+                floors = np.maximum(floors, UNSTEADY_FACTOR * np.nan_to_num(level_swing))
+            result = score(block, comparisons, cfg.rel_floor, floors)
             result.z[~self._scored] = np.nan
             findings += self._confirm(window, now, bucket.metrics, bucket.columns, result, scores)
         self.last_scores = scores
         return findings
+
+    def _unsteady(self, window: JobWindow, values: np.ndarray) -> np.ndarray | None:
+        """At coarse sampling, how far the peers' median level moved within the window, per
+        series (None at 1 s).
+
+        A scrape reads instantaneous gauges: while the whole job changes level (a checkpoint
+        starting, the sampled phase of the step sliding from compute to communication), a
+        machine a moment ahead or behind the others reads the other side of the edge. Lagging
+        a job-wide change is not a fault, so the robust scale is at least
+        :data:`UNSTEADY_FACTOR` times that swing; a machine that deviates while its peers hold
+        steady is scored as before.
+        """
+        if window.tick_s == 1 and int(window.series_every.max(initial=1)) == 1:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # ticks nobody reported
+            level = np.nanmedian(values, axis=1)  # time, column
+            return np.nanmax(level, axis=0) - np.nanmin(level, axis=0)
 
     def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Mixed cadences: each coarse series' sample stands for its whole interval (held

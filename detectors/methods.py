@@ -68,9 +68,18 @@ def method_factory(
             continuity_samples=1,
             severe_continuity_samples=1,
         )
+    from detectors.base import CompositeDetector  # noqa: PLC0415
+    from detectors.straggler import StragglerDetector  # noqa: PLC0415
+
     scorer = "pairwise" if method == "pairwise" else "median"
     no_denoiser = "no_denoiser" in ablations
     prioritise = "no_prioritisation" not in ablations
-    return lambda: MinderDetector(
-        cfg, model=model, scorer=scorer, denoise=not no_denoiser, prioritise=prioritise
-    )
+
+    def build() -> CompositeDetector:
+        # The peer engine and, beside it, the step-indexed straggler detector.
+        engine = MinderDetector(
+            cfg, model=model, scorer=scorer, denoise=not no_denoiser, prioritise=prioritise
+        )
+        return CompositeDetector([engine, StragglerDetector(horizon_s=engine.horizon_s)])
+
+    return build

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,14 @@ import numpy as np
 from whatif import optypes
 from whatif.loading import load_trace
 from whatif.model import JobModel, build_model
-from whatif.report import Removal, StepResult, WhatIfReport, WhatIfResult, WorkerScore
+from whatif.report import (
+    RankScore,
+    Removal,
+    StepResult,
+    WhatIfReport,
+    WhatIfResult,
+    WorkerScore,
+)
 from whatif.scenarios import DEFAULT_MEMORY_BUDGET, ProgressFn, Replayer, Scenario
 from whatif.trace import JobMeta, Trace
 from whatif.verdict import Evidence, Thresholds, decide
@@ -121,7 +128,7 @@ def analyze(
     ]
     for w, mask in zip(parsed, what_if_masks, strict=True):
         first.append(_what_if_scenario(w, mask))
-    n_second = n_exact + 2
+    n_second = n_exact + 2 + (2 * n_workers if trace.rank_stats is not None else 0)
     total = len(first) + n_second
 
     def phase_progress(offset: int) -> ProgressFn | None:
@@ -164,6 +171,8 @@ def analyze(
         Scenario("top workers ideal", keep=~worker_ops),
         Scenario("top workers original", keep=worker_ops),
     ]
+    if trace.rank_stats is not None:
+        second += _rank_scenarios(model)
     times2 = replayer.step_times(second, progress=phase_progress(len(first)), phase="workers")
     timings["replay_s"] = time.perf_counter() - clock
     by_name.update({s.name: times2[i] for i, s in enumerate(second)})
@@ -250,6 +259,7 @@ def analyze(
         )
         for w, mask in zip(parsed, what_if_masks, strict=True)
     ]
+    by_rank = _rank_scores(model, trace, by_name, ratio)
     timings["replays"] = float(replayer.replays)
     report = WhatIfReport(
         job=trace.name,
@@ -279,6 +289,7 @@ def analyze(
         whatifs=results,
         notes=[*trace.notes, *model.notes],
         timings=timings,
+        by_rank=by_rank,
     )
     logger.info(
         "what-if %s: S=%.4f verdict=%s (%d replays, %.2fs)",
@@ -327,6 +338,61 @@ def what_if(trace_or_model: Trace | JobModel, spec: WhatIf | str) -> WhatIfResul
     )
 
 
+def _rank_scenarios(model: JobModel) -> list[Scenario]:
+    """Per worker: it alone as recorded (durations and launch delays) and it alone original
+    (durations only), every other worker ideal without launch delays (§3.9)."""
+    tpl = model.template
+    out = []
+    for p in range(model.pp_size):
+        for d in range(model.dp_size):
+            keep = np.zeros((tpl.n_ops, model.dp_size), dtype=bool)
+            keep[tpl.stage == p, d] = True
+            out.append(Scenario(f"rank {p},{d}", keep=keep, launch_delay=True, delay_keep=keep))
+            out.append(Scenario(f"rank durations {p},{d}", keep=keep))
+    return out
+
+
+def _rank_scores(
+    model: JobModel,
+    trace: Trace,
+    by_name: dict[str, np.ndarray],
+    ratio: Callable[[np.ndarray], float],
+) -> list[RankScore]:
+    """The per-rank table of a Kineto input (empty for other inputs)."""
+    stats = trace.rank_stats
+    if stats is None:
+        return []
+    rows: dict[int, dict[str, Any]] = {
+        int(rec["rank"]): {str(k): v for k, v in rec.items()} for rec in stats.to_dict("records")
+    }
+    out = []
+    for p in range(model.pp_size):
+        for d in range(model.dp_size):
+            rank = int(model.worker_rank[p, d])
+            row = rows.get(rank)
+            if row is None:
+                continue
+            out.append(
+                RankScore(
+                    rank=rank,
+                    dp_rank=d,
+                    stage=p,
+                    slowdown=ratio(by_name[f"rank {p},{d}"]),
+                    durations=ratio(by_name[f"rank durations {p},{d}"]),
+                    steps=int(row["steps"]),
+                    step_s=float(row["step_s"]),
+                    busy_s=float(row["busy_s"]),
+                    nccl_s=float(row["nccl_s"]),
+                    waited_s=float(row["waited_s"]),
+                    collectives=int(row["collectives"]),
+                    last_arrivals=int(row["last_arrivals"]),
+                    caused_wait_s=float(row["caused_wait_s"]),
+                    caused_wait_cpu_s=float(row["caused_wait_cpu_s"]),
+                )
+            )
+    return out
+
+
 def _what_if_scenario(w: WhatIf, mask: np.ndarray) -> Scenario:
     scale = np.where(mask, w.factor, 1.0)
     keep = ~mask if w.to_ideal else None
@@ -363,6 +429,8 @@ def stage_ideal_durations(model: JobModel) -> np.ndarray:
     within a stage, which separates stage imbalance from run-time stragglers.
     """
     tpl = model.template
+    if model.ideal_pooling == "op":  # the ideal already keeps every op's (and stage's) own mean
+        return np.asarray(model.ideal, dtype=np.float64).copy()
     out = np.zeros(tpl.n_ops)
     for t in np.unique(tpl.optype):
         for p in np.unique(tpl.stage):

@@ -115,7 +115,8 @@ class JobModel:
         ``start − max(end of deps)`` (from the step's first start for ops without deps).
     ideal
         Per template op: its ideal duration (mean of its type for compute, median transfer of its
-        type for comm).
+        type for comm; of the op itself over steps and DP ranks when ``ideal_pooling`` is
+        ``op``).
     worker_rank
         ``(pp, dp)``: the global rank of each worker, −1 where the trace does not say.
     notes
@@ -132,6 +133,7 @@ class JobModel:
     ideal: _FloatArray
     worker_rank: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64))
     notes: list[str] = field(default_factory=list)
+    ideal_pooling: str = "type"
 
     @property
     def n_steps(self) -> int:
@@ -359,6 +361,7 @@ def build_model(trace: Trace) -> JobModel:
         ideal=np.zeros(template.n_ops),
         worker_rank=_worker_rank(stage_col, dp_col, ops["rank"].to_numpy(), trace.meta.pp_size, dp),
         notes=notes,
+        ideal_pooling=trace.meta.ideal_pooling,
     )
     model.ideal = ideal_durations(model)
     return model
@@ -496,6 +499,10 @@ def _build_template(
     if noops:
         return _empty_template(), np.array(sorted(set(noops)), dtype=np.int64)
 
+    # Collectives on the compute path (all-to-all): §2.7.
+    for s in range(n_stages):
+        _inline_collectives(of(s, optypes.ALL_TO_ALL), compute_chain[s], start, duration, deps)
+
     # DP stream and the post-backward chain.
     for s in range(n_stages):
         comp = compute_chain[s]
@@ -540,6 +547,11 @@ def _build_template(
             previous = link
         # gc runs once per stage; chained gc ops keep their order.
         chain(gc)
+        # An inline collective that no compute consumes feeds the optimizer.
+        for op in of(s, optypes.ALL_TO_ALL):
+            if not any(int(op) in deps[int(c)] for c in comp):
+                for o in of(s, optypes.OPTIMIZER):
+                    deps[int(o)].add(int(op))
 
     group = np.full(n, -1, dtype=np.int64)
     members: list[tuple[int, ...]] = []
@@ -568,7 +580,7 @@ def _build_template(
                 )
             for a, b in zip(sends, recvs, strict=True):
                 add_group((a, b), dp_synced=False)
-    for t in optypes.DP_COMM:
+    for t in (*optypes.DP_COMM, *optypes.INLINE_COMM):
         for s in range(n_stages):
             for op in of(s, t):
                 add_group((op,), dp_synced=True)
@@ -599,6 +611,46 @@ def _build_template(
     )
     _check_acyclic(template)
     return template, None
+
+
+def _inline_collectives(
+    collectives: np.ndarray,
+    compute: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    deps: list[set[int]],
+) -> None:
+    """Dependencies of collectives on the compute path of one stage (``docs/whatif-method.md``
+    §2.7).
+
+    They run in observed order on one stream; each waits for the compute op that started last
+    before it (the one whose output it ships). The first later compute op that, in most
+    (step, DP rank) units, starts only once the collective has ended waits for it; compute that
+    starts while it is still running ran beside it, on another stream. A collective that no
+    compute waits for feeds the optimizer (added with the post-backward chain).
+    """
+    if not len(collectives):
+        return
+    ref = start[:, 0, 0]
+    collectives = collectives[np.argsort(ref[collectives], kind="stable")]
+    for a, b in itertools.pairwise(collectives):
+        deps[int(b)].add(int(a))
+    order = compute[np.argsort(ref[compute], kind="stable")]
+    for op in collectives:
+        before = order[ref[order] <= ref[op]]
+        if len(before):
+            deps[int(op)].add(int(before[-1]))
+        end = start[op] + duration[op]  # (steps, dp)
+        for candidate in order[ref[order] > ref[op]]:
+            waited = start[candidate] >= end - _SAME_CLOCK_S
+            if np.count_nonzero(waited) * 2 > waited.size:
+                deps[int(candidate)].add(int(op))
+                break
+
+
+_SAME_CLOCK_S = 2e-6
+"""Kernels of one GPU share a clock: a compute op that starts within 2 µs of a collective's end
+started after it."""
 
 
 def _empty_template() -> Template:
@@ -731,9 +783,13 @@ def ideal_durations(model: JobModel) -> np.ndarray:
     """Per template op: mean duration of its type (compute) or median transfer of its type (comm).
 
     All stages, DP ranks, steps, microbatches and chunks are pooled, so the ideal is a perfectly
-    balanced job (``docs/whatif-method.md`` §3.2).
+    balanced job (``docs/whatif-method.md`` §3.2). With ``ideal_pooling == "op"`` each op pools
+    only its own steps and DP ranks: ranks are balanced, the op's place in the step is kept.
     """
     template = model.template
+    if model.ideal_pooling == "op":
+        flat = model.transfer.reshape(template.n_ops, -1)
+        return np.where(template.is_comm, np.median(flat, axis=1), flat.mean(axis=1))
     ideal = np.zeros(template.n_ops)
     for t in np.unique(template.optype):
         ops = np.flatnonzero(template.optype == t)

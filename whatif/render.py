@@ -2,7 +2,10 @@
 
 The HTML page has no external resources (inline CSS and SVG), so it can be mailed or archived:
 the DP × PP heatmap of S_w (colour scale fixed at 1.0–1.5 as in the paper's Fig. 14), S per step
-and S by op type.
+and S by op type. Kineto inputs add a per-rank table (S_r with lateness, step length, busy and
+NCCL time, waits and arrivals). When the verdict is ``unreliable`` every replayed table beneath it
+is marked as not to be trusted (a titled warning in the console view; a banner, a ``not trusted``
+tag per heading and an ``untrusted`` section in HTML).
 """
 
 from __future__ import annotations
@@ -68,11 +71,23 @@ def render_table(report: WhatIfReport) -> RenderableType:
         box=box.ROUNDED,
     )
     parts: list[RenderableType] = [summary, verdict]
-    parts.append(_ranked("S by op type (S_t)", "op type", report.by_optype.items()))
-    parts.append(
+    if not report.trusted:
+        parts.append(
+            Panel(
+                Text(f"The tables below are NOT to be trusted: {report.untrusted_reason}."),
+                title="not trusted",
+                border_style="bold red",
+                box=box.HEAVY,
+            )
+        )
+    tables: list[Table] = []
+    if report.by_rank:
+        tables.append(rank_table(report))
+    tables.append(_ranked("S by op type (S_t)", "op type", report.by_optype.items()))
+    tables.append(
         _ranked("S by PP stage (S_pp)", "stage", ((str(k), v) for k, v in report.by_stage.items()))
     )
-    parts.append(
+    tables.append(
         _ranked(
             "S by DP rank (S_dp)", "dp rank", ((str(k), v) for k, v in report.by_dp_rank.items())
         )
@@ -89,7 +104,7 @@ def render_table(report: WhatIfReport) -> RenderableType:
             _fmt(w.slowdown),
             _fmt(w.exact),
         )
-    parts.append(workers)
+    tables.append(workers)
     steps = Table(title="S per step", box=box.SIMPLE_HEAD)
     for col in ("step", "recorded s", "actual s", "original s", "ideal s", "S"):
         steps.add_column(col, justify="right")
@@ -107,7 +122,7 @@ def render_table(report: WhatIfReport) -> RenderableType:
             f"{s.ideal:.4f}",
             f"{s.slowdown:.4f}",
         )
-    parts.append(steps)
+    tables.append(steps)
     if report.whatifs:
         table = Table(title="what-ifs", box=box.SIMPLE_HEAD)
         for col in ("what-if", "step time s", "speed-up", "S after"):
@@ -119,10 +134,63 @@ def render_table(report: WhatIfReport) -> RenderableType:
                 f"{result.speedup:.4f}×",
                 f"{result.slowdown_after:.4f}",
             )
-        parts.append(table)
+        tables.append(table)
+    for table in tables:
+        if not report.trusted:
+            table.title = f"{table.title} [NOT TRUSTED]"
+            table.title_style = "bold red"
+            table.min_width = len(str(table.title)) + 2  # the mark stays on the title's line
+    parts.extend(tables)
     if report.notes:
         parts.append(Text("notes:\n" + "\n".join(f"  • {n}" for n in report.notes), style="dim"))
     return Group(*parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}" if math.isfinite(seconds) else "n/a"
+
+
+def rank_table(report: WhatIfReport, limit: int = _MAX_TABLE_ROWS) -> Table:
+    """The per-rank table of a Kineto input, highest S_r first."""
+    table = Table(title="per rank: S_r (as recorded, lateness included)", box=box.SIMPLE_HEAD)
+    columns = (
+        "rank",
+        "dp",
+        "stage",
+        "S_r",
+        "S_w",
+        "step ms",
+        "busy ms",
+        "NCCL ms",
+        "waited ms",
+        "last",
+        "made wait ms",
+        "of it CPU ms",
+    )
+    for col in columns:
+        table.add_column(col, justify="right")
+    rows = sorted(report.by_rank, key=lambda r: (-r.slowdown, r.rank))
+    for r in rows[:limit]:
+        table.add_row(
+            str(r.rank),
+            str(r.dp_rank),
+            str(r.stage),
+            _fmt(r.slowdown, 4),
+            _fmt(r.durations, 4),
+            _ms(r.step_s),
+            _ms(r.busy_s),
+            _ms(r.nccl_s),
+            _ms(r.waited_s),
+            f"{r.last_arrivals}/{r.collectives}",
+            _ms(r.caused_wait_s),
+            _ms(r.caused_wait_cpu_s),
+        )
+    shown = f"top {limit} of {len(rows)} shown; " if len(rows) > limit else ""
+    table.caption = (
+        f"{shown}S_w: durations only; times are means per step; last: collectives it reached last "
+        "(of those it joined); made wait: time the others waited for it alone"
+    )
+    return table
 
 
 def _ranked(title: str, key: str, items: Iterable[tuple[str, float]]) -> Table:
@@ -299,6 +367,11 @@ border-radius:6px}
 table{border-collapse:collapse;font-size:13px} td,th{padding:3px 10px;text-align:right}
 th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
 svg text{font-family:inherit;font-size:12px;fill:#222} .notes{color:#666;font-size:13px}
+.untrusted-banner{padding:12px 16px;margin:16px 0;border:2px solid #cb181d;background:#fee;
+color:#67000d;font-weight:600}
+.untrusted{opacity:.55;border-left:4px dashed #cb181d;padding-left:12px}
+.untrusted-tag{font-size:12px;color:#cb181d;border:1px solid #cb181d;border-radius:4px;
+padding:0 6px;margin-left:8px;vertical-align:middle}
 """
 
 
@@ -345,7 +418,12 @@ def render_html(report: WhatIfReport) -> str:
         for s in report.per_step
     )
     notes = "".join(f"<li>{e(n)}</li>" for n in report.notes)
-    parts = [
+    tag = "" if report.trusted else '<span class="untrusted-tag">not trusted</span>'
+
+    def h2(title: str) -> str:
+        return f"<h2>{title}{tag}</h2>"
+
+    head = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         f"<title>What-if analysis: {e(report.job)}</title><style>{_CSS}</style></head><body>",
         f"<h1>What-if straggler analysis: {e(report.job)}</h1>",
@@ -356,29 +434,69 @@ def render_html(report: WhatIfReport) -> str:
         f'<div class="verdict {e(v.cause)}"><b>Verdict: {e(v.cause)}</b><p>{e(v.summary)}</p>'
         f"<details><summary>evidence and thresholds</summary><table>{evidence}</table>"
         f'<p class="notes">thresholds: {e(thresholds)}</p></details></div>',
-        "<h2>Per-worker slowdown S_w (DP × PP)</h2>",
+    ]
+    if not report.trusted:
+        head.append(
+            '<div class="untrusted-banner" role="alert">The tables below are not to be trusted: '
+            f"{e(report.untrusted_reason or '')}.</div>"
+        )
+    body = []
+    if report.by_rank:
+        body += [h2("Per rank (S_r: as recorded, lateness included)"), _rank_html(report)]
+    body += [
+        h2("Per-worker slowdown S_w (DP × PP)"),
         '<p class="notes">S_w ≈ min(S_dp, S_pp); colour scale fixed at 1.0–1.5. A lone hot '
         "cell is a slow worker, a hot row a slow stage, an even tint a job-wide cause.</p>",
         heatmap_svg(report.worker_matrix()),
-        "<h2>S per step</h2>",
+        h2("S per step"),
         steps_svg([s.step for s in report.per_step], [s.slowdown for s in report.per_step]),
-        "<h2>S by op type (S_t)</h2>",
+        h2("S by op type (S_t)"),
         bars_svg(optype_items),
-        "<h2>S by PP stage</h2>",
+        h2("S by PP stage"),
         bars_svg(stage_items),
-        "<h2>Top workers</h2><table><tr><th>stage</th><th>dp rank</th><th>rank</th>"
+        h2("Top workers") + "<table><tr><th>stage</th><th>dp rank</th><th>rank</th>"
         f"<th>S_w ≈ min</th><th>S_w exact</th></tr>{worker_rows}</table>",
-        f"<h2>S by DP rank</h2><table><tr><th>dp rank</th><th>S</th></tr>{dp_rows}</table>",
+        h2("S by DP rank") + f"<table><tr><th>dp rank</th><th>S</th></tr>{dp_rows}</table>",
     ]
     if whatif_rows:
-        parts.append(
-            "<h2>What-ifs</h2><table><tr><th>what-if</th><th>step time s</th>"
+        body.append(
+            h2("What-ifs") + "<table><tr><th>what-if</th><th>step time s</th>"
             f"<th>speed-up</th><th>S after</th></tr>{whatif_rows}</table>"
         )
+    body.append(
+        h2("Steps") + "<table><tr><th>step</th><th>recorded s</th><th>actual s</th>"
+        f"<th>original s</th><th>ideal s</th><th>S</th></tr>{step_rows}</table>"
+    )
+    if report.trusted:
+        parts = [*head, *body]
+    else:
+        parts = [*head, '<div class="untrusted" data-trusted="false">', *body, "</div>"]
     parts += [
-        "<h2>Steps</h2><table><tr><th>step</th><th>recorded s</th><th>actual s</th>"
-        f"<th>original s</th><th>ideal s</th><th>S</th></tr>{step_rows}</table>",
         f'<h2>Notes</h2><ul class="notes">{notes or "<li>none</li>"}</ul>',
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _rank_html(report: WhatIfReport, limit: int = 64) -> str:
+    """The per-rank table (highest S_r first) as HTML."""
+    rows = sorted(report.by_rank, key=lambda r: (-r.slowdown, r.rank))
+    body = "".join(
+        f"<tr><td>{r.rank}</td><td>{r.dp_rank}</td><td>{r.stage}</td>"
+        f"<td>{_fmt(r.slowdown, 4)}</td><td>{_fmt(r.durations, 4)}</td><td>{_ms(r.step_s)}</td>"
+        f"<td>{_ms(r.busy_s)}</td><td>{_ms(r.nccl_s)}</td><td>{_ms(r.waited_s)}</td>"
+        f"<td>{r.last_arrivals}/{r.collectives}</td><td>{_ms(r.caused_wait_s)}</td>"
+        f"<td>{_ms(r.caused_wait_cpu_s)}</td></tr>"
+        for r in rows[:limit]
+    )
+    more = f" Top {limit} of {len(rows)} shown." if len(rows) > limit else ""
+    return (
+        '<table class="ranks"><tr><th>rank</th><th>dp</th><th>stage</th><th>S_r</th>'
+        "<th>S_w</th><th>step ms</th><th>busy ms</th><th>NCCL ms</th><th>waited ms</th>"
+        "<th>last</th><th>made wait ms</th><th>of it CPU ms</th></tr>"
+        f"{body}</table>"
+        '<p class="notes">S_r replays the rank as recorded (its launch delays included) with '
+        "every other rank ideal; S_w its durations only. Times are means per step; last: "
+        "collectives it reached last, of those it joined; made wait: time every other rank "
+        f"waited for it alone, and the part where its launch itself was late.{more}</p>"
+    )

@@ -65,6 +65,67 @@ class WorkerScore:
 
 
 @dataclass(frozen=True)
+class RankScore:
+    """One rank of a Kineto input: its replayed slowdowns and what its trace measures.
+
+    ``slowdown`` (S_r) replays this rank as recorded, its launch delays included, with every
+    other rank ideal and without launch delays: the lateness that made the others wait at
+    collectives counts, the time it spent waiting for them does not (``docs/whatif-method.md``
+    §3.9). ``durations`` is the same without its launch delays (the exact S_w). The measured
+    columns are means per step (``whatif.trace.RANK_STATS_COLUMNS``).
+    """
+
+    rank: int
+    dp_rank: int
+    stage: int
+    slowdown: float
+    durations: float
+    steps: int
+    step_s: float
+    busy_s: float
+    nccl_s: float
+    waited_s: float
+    collectives: int
+    last_arrivals: int
+    caused_wait_s: float
+    caused_wait_cpu_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready row."""
+        return {
+            "rank": self.rank,
+            "dp_rank": self.dp_rank,
+            "stage": self.stage,
+            "slowdown": _num(self.slowdown),
+            "durations": _num(self.durations),
+            "steps": self.steps,
+            "step_s": self.step_s,
+            "busy_s": self.busy_s,
+            "nccl_s": self.nccl_s,
+            "waited_s": self.waited_s,
+            "collectives": self.collectives,
+            "last_arrivals": self.last_arrivals,
+            "caused_wait_s": self.caused_wait_s,
+            "caused_wait_cpu_s": self.caused_wait_cpu_s,
+        }
+
+
+TRUSTED_TABLES = (
+    "by_optype",
+    "by_dp_rank",
+    "by_stage",
+    "by_worker",
+    "by_rank",
+    "mw",
+    "ms",
+    "per_step",
+    "whatifs",
+)
+"""The replayed tables a report shows beneath its verdict (all untrusted when it is
+``unreliable``)."""
+
+
+@dataclass(frozen=True)
 class StepResult:
     """One step: simulated step times and its S, overall and by group."""
 
@@ -155,6 +216,25 @@ class WhatIfReport:
     whatifs: list[WhatIfResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    by_rank: list[RankScore] = field(default_factory=list)
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the replayed tables beneath the verdict can be acted on."""
+        return self.verdict.reliable
+
+    @property
+    def untrusted_reason(self) -> str | None:
+        """Why the replayed tables are not to be trusted, or ``None`` when they are."""
+        if self.trusted:
+            return None
+        return (
+            f"verdict unreliable: the replay without launch delays is "
+            f"{self.model_error * 100:+.1f} % off the actual replay, so untraced CPU-side time "
+            "dominates and S, its attributions and the what-ifs do not explain the step time; "
+            "the measured per-rank columns (step, busy, NCCL, waits, arrivals) come from the "
+            "trace itself"
+        )
 
     def worker_matrix(self) -> list[list[float]]:
         """S_w as a ``pp × dp`` matrix (rows: stages)."""
@@ -194,6 +274,19 @@ class WhatIfReport:
             "fwd_bwd_correlation": _num(self.fwd_bwd_correlation),
             "forward_cv": _num(self.forward_cv),
             "whatifs": [w.to_dict() for w in self.whatifs],
+            "by_rank": {
+                "trusted": self.trusted,
+                "reason": self.untrusted_reason,
+                "ranks": [r.to_dict() for r in self.by_rank],
+            },
+            "trust": {
+                "trusted": self.trusted,
+                "reason": self.untrusted_reason,
+                "tables": {
+                    name: {"trusted": self.trusted, "reason": self.untrusted_reason}
+                    for name in TRUSTED_TABLES
+                },
+            },
             "notes": list(self.notes),
             "timings": self.timings,
         }

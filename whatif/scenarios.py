@@ -41,9 +41,13 @@ class Scenario:
         Float, broadcastable to ``(ops, dp)``: multiplies the chosen durations (0 makes an op
         free). ``None`` leaves them.
     launch_delay
-        Replay the recorded launch delays (only meaningful with every op original).
+        Replay the recorded launch delays.
     ideal
         Per template op: the ideal durations to use instead of the model's (e.g. per-stage means).
+    delay_keep
+        Boolean, broadcastable to ``(ops, dp)``: with ``launch_delay``, only these ops replay
+        their recorded launch delay, the others none (e.g. one rank as recorded, lateness
+        included, and every other rank ideal). ``None``: every op.
     """
 
     name: str
@@ -51,6 +55,7 @@ class Scenario:
     scale: np.ndarray | None = None
     launch_delay: bool = False
     ideal: np.ndarray | None = None
+    delay_keep: np.ndarray | None = None
 
 
 class Replayer:
@@ -92,19 +97,27 @@ class Replayer:
         """
         m = self.model
         every = np.arange(m.dp_size)
-        if scenario.keep is None or scenario.scale is not None or scenario.launch_delay:
+        if scenario.keep is None or scenario.scale is not None:
             return every
-        keep = np.asarray(scenario.keep, dtype=bool)
-        if keep.shape == (m.template.n_ops, 1):  # a set of ops on every DP rank
-            return every if keep.any() else every[:1]
-        if keep.shape == (1, m.dp_size):  # every op of a set of DP ranks
-            original = np.flatnonzero(keep[0])
-        else:
-            original = np.flatnonzero(
-                np.broadcast_to(keep, (m.template.n_ops, m.dp_size)).any(axis=0)
-            )
+        masks = [np.asarray(scenario.keep, dtype=bool)]
+        if scenario.launch_delay:
+            if scenario.delay_keep is None:
+                return every
+            masks.append(np.asarray(scenario.delay_keep, dtype=bool))
+        used = np.zeros(m.dp_size, dtype=bool)
+        for mask in masks:
+            if mask.shape == (m.template.n_ops, 1):  # a set of ops on every DP rank
+                if mask.any():
+                    return every
+            elif mask.shape == (1, m.dp_size):  # every op of a set of DP ranks
+                used |= mask[0]
+            else:
+                used |= np.broadcast_to(mask, (m.template.n_ops, m.dp_size)).any(axis=0)
+        original = np.flatnonzero(used)
         if len(original) == m.dp_size:
             return every
+        if not len(original):
+            return every[:1]
         stand_in = int(np.setdiff1d(every, original)[0])
         return np.sort(np.append(original, stand_in))
 
@@ -141,6 +154,19 @@ class Replayer:
             out *= scale[:, None, cols]
         return out
 
+    def delays(
+        self, scenario: Scenario, out: np.ndarray, columns: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Replayed launch delays ``(ops, steps, len(columns))`` of ``scenario`` in the
+        program's start order (zero where ``delay_keep`` says so)."""
+        m = self.model
+        cols = np.arange(m.dp_size) if columns is None else columns
+        out[...] = self._delay if len(cols) == m.dp_size else self._delay[:, :, cols]
+        if scenario.delay_keep is not None:
+            keep = np.broadcast_to(scenario.delay_keep, (m.template.n_ops, m.dp_size))
+            out *= keep[self.program.start_order][:, None, cols]
+        return out
+
     def step_times(
         self,
         scenarios: Sequence[Scenario],
@@ -166,10 +192,15 @@ class Replayer:
                 for j, i in enumerate(batch):
                     self.weights(scenarios[i], out=runs[:, j], columns=columns[i])
                 delays = None
-                if with_delay:
+                if with_delay and all(scenarios[i].delay_keep is None for i in batch):
                     delays = np.broadcast_to(
                         self._delay[:, None], (n_ops, len(batch), n_steps, width)
                     ).reshape(n_ops, -1, width)
+                elif with_delay:
+                    masked = np.empty((n_ops, len(batch), n_steps, width))
+                    for j, i in enumerate(batch):
+                        self.delays(scenarios[i], out=masked[:, j], columns=columns[i])
+                    delays = masked.reshape(n_ops, -1, width)
                 times, _ = run(self.program, runs.reshape(n_ops, -1, width), delays)
                 out[batch] = times.reshape(len(batch), n_steps)
                 self.replays += len(batch)

@@ -35,6 +35,7 @@ _STREAMS = {
     optypes.PARAMS_ALL_GATHER: (5, "dp comm"),
     optypes.GRADS_REDUCE_SCATTER: (5, "dp comm"),
     optypes.SEPARATE_GRADS_ALL_REDUCE: (5, "dp comm"),
+    optypes.ALL_TO_ALL: (7, "all-to-all"),
 }
 _OTHER_STREAM = (6, "other comm")
 _STEP_GAP_S = 0.001

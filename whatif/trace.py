@@ -46,6 +46,32 @@ COLUMNS = (
     "gmc",
     "mb_id",
 )
+RANK_STATS_COLUMNS = (
+    "rank",
+    "dp_rank",
+    "stage",
+    "steps",
+    "step_s",
+    "busy_s",
+    "nccl_s",
+    "waited_s",
+    "collectives",
+    "last_arrivals",
+    "caused_wait_s",
+    "caused_wait_cpu_s",
+)
+"""Columns of :attr:`Trace.rank_stats` (measured per rank by the Kineto importer).
+
+``steps``: steps in the rank's trace; ``step_s``, ``busy_s``, ``nccl_s``: mean step length, GPU
+busy time (non-NCCL kernels) and NCCL kernel time per step; ``waited_s``: mean time per step it
+reached collectives before the last rank did; ``collectives``: matched collective instances it
+took part in; ``last_arrivals``: those it reached last; ``caused_wait_s``,
+``caused_wait_cpu_s``: mean time per step every other rank waited for it alone, and the part
+where its launch itself was late (``whatif.kineto.arrival_stats``)."""
+
+IDEAL_POOLINGS = ("type", "op")
+"""What an op's ideal duration may pool over (:attr:`JobMeta.ideal_pooling`)."""
+
 _INT_COLUMNS = ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "gmc", "mb_id")
 _MAX_LISTED = 5
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -56,7 +82,10 @@ class JobMeta:
     """The parallel layout of the traced job.
 
     ``world_size = dp_size · pp_size · tp_size · dsp_size``; the trace holds one TP/DSP rank per
-    (dp_rank, stage), so it has ``dp_size · pp_size`` workers.
+    (dp_rank, stage), so it has ``dp_size · pp_size`` workers. ``ideal_pooling`` says what an
+    op's ideal duration pools over (``docs/whatif-method.md`` §3.2): ``type`` (the paper: every
+    op of its type) or ``op`` (the same op of every step and DP rank; Kineto imports of one stage,
+    whose compute ops are different stretches of the model, not like microbatches).
     """
 
     dp_size: int
@@ -66,8 +95,14 @@ class JobMeta:
     vpp_size: int = 1
     world_size: int = 0
     name: str = ""
+    ideal_pooling: str = "type"
 
     def __post_init__(self) -> None:
+        if self.ideal_pooling not in IDEAL_POOLINGS:
+            raise TraceError(
+                f"ideal_pooling must be one of {list(IDEAL_POOLINGS)}, got {self.ideal_pooling!r}",
+                where="meta",
+            )
         for key in ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size"):
             value = getattr(self, key)
             if not isinstance(value, int | np.integer) or value < 1:
@@ -99,6 +134,8 @@ class JobMeta:
         }
         if self.name:
             out["trial_name"] = self.name
+        if self.ideal_pooling != "type":
+            out["ideal_pooling"] = self.ideal_pooling
         return out
 
     @classmethod
@@ -118,8 +155,13 @@ class JobMeta:
                 raise TraceError(f"{key} must be an integer, got {value!r}", where=where)
             sizes[key] = value
         name = str(raw.get("trial_name", raw.get("name", "")) or "")
+        pooling = raw.get("ideal_pooling", "type")
+        if not isinstance(pooling, str):
+            raise TraceError(
+                f"ideal_pooling must be one of {list(IDEAL_POOLINGS)}, got {pooling!r}", where=where
+            )
         try:
-            return cls(**sizes, name=name)
+            return cls(**sizes, name=name, ideal_pooling=pooling)
         except TraceError as exc:
             raise TraceError(str(exc).removeprefix("meta: "), where=where) from None
 
@@ -138,12 +180,16 @@ class Trace:
         Where the trace came from (a path, or a description).
     notes
         Human-readable notes on what was inferred or dropped while loading (each with a count).
+    rank_stats
+        Per rank, what the trace measures directly (columns :data:`RANK_STATS_COLUMNS`), when
+        the input had it (Kineto traces); ``None`` for canonical traces.
     """
 
     ops: pd.DataFrame
     meta: JobMeta
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    rank_stats: pd.DataFrame | None = None
 
     @property
     def name(self) -> str:

@@ -124,6 +124,14 @@ _SPECS: tuple[MetricSpec, ...] = (
     _m("train_step_seconds", "seconds", G, RANK, "duration of the last training step"),
     _m("nccl_collective_seconds", "seconds", G, RANK, "mean collective execution time"),
     _m("nccl_busbw_bytes_per_second", "bytes_per_second", G, RANK, "mean collective bus bandwidth"),
+    _m(
+        "train_busy_seconds",
+        "seconds",
+        G,
+        RANK,
+        "mean busy time per step (outside blocking collectives) over the interval's steps",
+    ),
+    _m("train_step_number", "1", G, RANK, "index of the last training step the rank completed"),
 )
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

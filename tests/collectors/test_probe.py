@@ -45,6 +45,16 @@ def means(src: ProbeSource) -> dict[str, float]:
     }
 
 
+def collected(src: ProbeSource) -> dict[str, dict[str, float]]:
+    """metric -> device -> value of one collect (every sample validated)."""
+    out = src.collect(time.time())
+    got: dict[str, dict[str, float]] = {}
+    for metric, device, value in out.samples:
+        validate_sample(metric, device, value)
+        got.setdefault(metric, {})[device] = value
+    return got
+
+
 def free_udp_port() -> int:
     """A port nobody listens on (bound, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -135,8 +145,15 @@ def test_datagram_format(source: ProbeSource) -> None:
         listener.bind(("127.0.0.1", 0))
         listener.settimeout(2.0)
         host, port = listener.getsockname()
-        StepProbe(f"{host}:{port}", rank=3).step(0.25)
-        assert listener.recv(512) == b"minder1 3 0.25"
+        client = StepProbe(f"{host}:{port}", rank=3)
+        client.step(0.25)
+        assert listener.recv(512) == b"minder2 3 0 0.25 -"  # no busy time: '-', not 0
+        client.step(1.5, busy=1.25)
+        assert listener.recv(512) == b"minder2 3 1 1.5 1.25"
+        client.step(2.0, busy=0.0, number=41)
+        assert listener.recv(512) == b"minder2 3 41 2.0 0.0"
+        client.step(2.0)
+        assert listener.recv(512) == b"minder2 3 42 2.0 -"
 
 
 def test_mean_per_rank_over_many_steps(source: ProbeSource) -> None:
@@ -179,8 +196,19 @@ def test_bad_datagrams_are_counted_and_logged_once(
         b"minder1 1 inf",
         b"minder1 1 -1.0",
         b"minder1 1 1e39",  # beyond float32: the windows could not hold it
+        b"minder1 1 0",  # a step takes time
         b"minder2 1 1.0",
         b"minder1 1 1.0 extra",
+        b"minder2 1 5 1.0",  # busy missing ('-' when none)
+        b"minder2 1 5 1.0 1.5",  # busy longer than the step
+        b"minder2 1 5 1.0 -0.1",
+        b"minder2 1 5 1.0 nan",
+        b"minder2 1 5 0.0 -",
+        b"minder2 1 -5 1.0 -",
+        b"minder2 1 5.5 1.0 -",
+        b"minder2 1 9007199254740993 1.0 -",  # step beyond 2**53
+        b"minder2 1 5 1.0 - extra",
+        b"minder3 1 5 1.0 -",
         b"minder1 99999999999 1.0",
         b"\xff\xfe\x00",
         b"",
@@ -197,11 +225,12 @@ def test_bad_datagrams_are_counted_and_logged_once(
 def test_non_finite_and_negative_steps_are_ignored(source: ProbeSource) -> None:
     assert source.address is not None
     client = StepProbe(source.address, rank=5)
-    for bad in (math.nan, math.inf, -math.inf, -0.5, "fast", None, 10**400):
+    for bad in (math.nan, math.inf, -math.inf, -0.5, 0, 0.0, "fast", None, 10**400):
         client.step(bad)  # type: ignore[arg-type]
-    assert (client.ignored, client.sent, client.dropped) == (7, 0, 0)
-    client.step(0)  # a zero-length step is a valid measurement
-    assert means(source) == {"rank5": 0.0}
+    assert (client.ignored, client.sent, client.dropped) == (9, 0, 0)
+    client.step(0.5)
+    assert means(source) == {"rank5": 0.5}
+    assert client.number == 9, "refused steps still happened: they are counted"
 
 
 def test_client_without_listener_never_raises_and_is_fast() -> None:
@@ -421,3 +450,119 @@ def test_distinct_ranks_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_limits_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ProbeSource("127.0.0.1:0", **kwargs)  # type: ignore[arg-type]
+
+
+# -- busy time and step numbers ---------------------------------------------------------------------
+
+
+def test_busy_blocks_add_up_within_the_timed_step(source: ProbeSource) -> None:
+    assert source.address is not None
+    client = StepProbe(source.address, rank=4)
+    with client.timer():
+        with client.busy():
+            time.sleep(0.02)
+        time.sleep(0.03)  # a blocking collective: not busy
+        with client.busy(), client.busy():  # nested: counted once
+            time.sleep(0.01)
+    got = collected(source)
+    step, busy = got["train_step_seconds"]["rank4"], got["train_busy_seconds"]["rank4"]
+    assert 0.03 <= busy < step
+    assert step - busy >= 0.03
+    assert got["train_step_number"] == {"rank4": 0.0}
+
+
+def test_busy_is_absent_not_zero_when_no_step_reported_one(source: ProbeSource) -> None:
+    assert source.address is not None
+    with_busy, without = StepProbe(source.address, rank=1), StepProbe(source.address, rank=2)
+    for seconds, busy in ((1.0, 0.25), (3.0, 0.75)):
+        with_busy.step(seconds, busy=busy)
+    with_busy.step(2.0)  # no busy: not part of the busy mean
+    with_busy.step(2.0, busy=0.0)  # a measured 0 is part of it
+    without.step(1.0)
+    with without.timer():  # a timer without busy blocks reports none either
+        pass
+    got = collected(source)
+    assert got["train_step_seconds"] == {"rank1": 2.0, "rank2": pytest.approx(0.5, abs=0.01)}
+    assert got["train_busy_seconds"] == {"rank1": pytest.approx((0.25 + 0.75 + 0.0) / 3)}
+    assert got["train_step_number"] == {"rank1": 3.0, "rank2": 1.0}
+
+
+def test_step_numbers_count_on_from_the_last_one_set(source: ProbeSource) -> None:
+    assert source.address is not None
+    client = StepProbe(source.address, rank=0)
+    assert client.number == -1
+    for _ in range(3):
+        client.step(0.5)
+    assert collected(source)["train_step_number"] == {"rank0": 2.0}
+    client.step(0.5, number=1000)  # resumed from a checkpoint
+    client.step(0.5)
+    assert collected(source)["train_step_number"] == {"rank0": 1001.0}
+    with client.timer() as handle:
+        handle.number = 5000
+        handle.busy = 0.0
+    got = collected(source)
+    assert got["train_step_number"] == {"rank0": 5000.0}
+    assert got["train_busy_seconds"] == {"rank0": 0.0}
+    for bad in (-1, 1.5, True, "7", 2**53 + 1):
+        client.step(0.5, number=bad)  # type: ignore[arg-type]
+    assert (client.ignored, client.number) == (5, 5005), "a bad number: the step counts on"
+    client.step(0.5, number=7.0)  # type: ignore[arg-type]  # an integral float is a number
+    assert collected(source)["train_step_number"] == {"rank0": 7.0}
+
+
+def test_bad_busy_times_are_ignored_and_counted(source: ProbeSource) -> None:
+    assert source.address is not None
+    client = StepProbe(source.address, rank=6)
+    for busy in (1.5, -0.1, math.nan, math.inf, "x"):
+        client.step(1.0, busy=busy)  # type: ignore[arg-type]
+    assert (client.ignored, client.sent) == (5, 0)
+    client.step(1.0, busy=1.0 + 1e-12)  # summed blocks a rounding error over: the step's time
+    got = collected(source)
+    assert got["train_busy_seconds"] == {"rank6": 1.0}
+    assert source.problems.total == 0
+
+
+def test_busy_blocks_outside_a_timer_go_to_the_next_step(source: ProbeSource) -> None:
+    assert source.address is not None
+    client = StepProbe(source.address, rank=3)
+    with pytest.raises(RuntimeError), client.busy():
+        time.sleep(0.01)
+        raise RuntimeError("the time was spent all the same")
+    client.step(1.0)
+    client.step(1.0)  # the blocks went with the previous step
+    got = collected(source)
+    assert 0.01 <= got["train_busy_seconds"]["rank3"] < 0.5
+    assert got["train_step_seconds"]["rank3"] == 1.0
+    with client.busy():
+        time.sleep(0.01)
+    with client.timer():  # a timed step starts afresh: earlier blocks are not its own
+        pass
+    assert "train_busy_seconds" not in collected(source)
+
+
+def test_version_one_datagrams_are_still_accepted(source: ProbeSource) -> None:
+    assert source.address is not None
+    send_raw(source.address, b"minder1 2 1.0", b"minder1 2 3.0", b"minder2 5 17 2.0 0.5")
+    got = collected(source)
+    assert got["train_step_seconds"] == {"rank2": 2.0, "rank5": 2.0}
+    assert got["train_busy_seconds"] == {"rank5": 0.5}
+    assert got["train_step_number"] == {"rank5": 17.0}, "minder1 carries no step number"
+    # A rank mixing both: the step number of the last datagram that had one.
+    send_raw(source.address, b"minder2 2 9 1.0 -", b"minder1 2 1.0")
+    assert collected(source)["train_step_number"] == {"rank2": 9.0}
+
+
+def test_module_level_busy_and_numbers(
+    source: ProbeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert source.address is not None
+    monkeypatch.setenv(probe.ADDRESS_ENV, source.address)
+    monkeypatch.setenv("RANK", "8")
+    with probe.timer() as handle:
+        with probe.busy():
+            time.sleep(0.01)
+        assert handle.busy is None and handle.number is None
+    probe.step(1.0, busy=0.5, number=10)
+    got = collected(source)
+    assert got["train_step_number"] == {"rank8": 10.0}
+    assert 0.01 <= 2 * got["train_busy_seconds"]["rank8"] - 0.5 < 0.5

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import pytest
 
+from detectors.base import CompositeDetector
 from detectors.engine import MinderDetector
 from detectors.methods import ABLATIONS, BASELINE_METHODS, METHODS, method_factory
+from detectors.straggler import StragglerDetector
+
+
+def engine(built: object) -> MinderDetector:
+    """The peer engine of an engine method, with the straggler detector beside it."""
+    assert isinstance(built, CompositeDetector)
+    first, second = built.parts
+    assert isinstance(first, MinderDetector) and isinstance(second, StragglerDetector)
+    return first
 
 
 def test_engine_methods_and_ablations() -> None:
-    detector = method_factory("pairwise")()
-    assert isinstance(detector, MinderDetector) and detector.scorer == "pairwise"
-    ablated = method_factory("minder", ablations=ABLATIONS)()
-    assert isinstance(ablated, MinderDetector)
+    detector = engine(method_factory("pairwise")())
+    assert detector.scorer == "pairwise"
+    ablated = engine(method_factory("minder", ablations=ABLATIONS)())
     assert not ablated.denoise and not ablated.prioritise
     assert ablated.config.continuity_s == 1 and ablated.config.severe_continuity_s == 1
     assert ablated.denoiser_for("cpu_util_ratio").denoiser.kind == "raw"

@@ -56,6 +56,7 @@ def test_real_traces_load(name: str) -> None:
                 "forward-recv",
                 "backward-send",
                 "backward-recv",
+                "all-to-all",
             ]
         )
         .sum()
@@ -77,7 +78,13 @@ def test_real_two_rank_job_matches_collectives() -> None:
     trace = load_trace(files)
     assert trace.meta.dp_size == 2
     assert set(trace.ops["rank"]) == {0, 1}
-    assert any("matched 6 collective(s) across ranks" in n for n in trace.notes)
+    # The all-to-alls (SendRecv kernels inside nccl:all_to_all) are matched like all-reduce.
+    assert any(
+        "matched 10 collective(s) across ranks (alltoall ×4, allreduce ×4, allgather ×2)" in n
+        for n in trace.notes
+    )
+    assert (trace.ops["optype"] == "all-to-all").sum() == 8
+    assert trace.rank_stats is not None and list(trace.rank_stats["rank"]) == [0, 1]
     report = analyze(trace)
     assert report.verdict.cause in {
         "unreliable",

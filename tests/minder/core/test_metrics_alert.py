@@ -4,7 +4,7 @@ import pytest
 
 from minder.core.alert import Alert, AlertKind, AlertStatus, make_alert_id
 from minder.core.errors import UnknownMetricError, ValidationError
-from minder.core.metrics import METRICS, validate_sample
+from minder.core.metrics import METRICS, DeviceFamily, MetricKind, validate_sample
 
 
 def test_every_name_carries_its_unit() -> None:
@@ -21,9 +21,23 @@ def test_every_name_carries_its_unit() -> None:
         "_width",
         "_up",
         "_reasons",
+        "_number",
     )
     assert all(name.endswith(suffixes) for name in METRICS)
-    assert len(METRICS) == 40
+    assert len(METRICS) == 42
+
+
+def test_straggler_metrics_are_per_rank_gauges() -> None:
+    busy, number = METRICS["train_busy_seconds"], METRICS["train_step_number"]
+    step = METRICS["train_step_seconds"]
+    assert (busy.unit, busy.kind, busy.family) == (step.unit, step.kind, step.family)
+    assert (number.unit, number.kind, number.family) == ("1", MetricKind.GAUGE, DeviceFamily.RANK)
+    assert validate_sample("train_busy_seconds", "rank3", 0.42) is busy
+    assert validate_sample("train_step_number", "rank0", 123456.0) is number
+    with pytest.raises(ValidationError, match="expected 'rank0'"):
+        validate_sample("train_busy_seconds", "gpu3", 0.42)
+    with pytest.raises(ValidationError, match=r"got value -1\.0"):
+        validate_sample("train_step_number", "rank0", -1.0)
 
 
 def test_validator_names_close_matches() -> None:

@@ -1,0 +1,562 @@
+"""Streaming straggler detection, indexed by training step (docs/detection-method.md §9).
+
+In a synchronous job every rank's step takes the same wall time: they all wait for each other in
+the collectives. A straggler shows in its *busy* time (outside blocking collectives), which the
+step probe reports (``train_busy_seconds``), or, without it, as the rank the others wait for:
+the one with the shortest collective time (its busy time is the step time minus its collective
+time, from NCCL Inspector's ``nccl_collective_seconds``). In an asynchronous or
+parameter-server job each worker's step time is its own, and a slow worker shows in
+``train_step_seconds`` directly. The detector reads whichever the job has.
+
+It is iteration-indexed: a rank's observation is a new step (``train_step_number`` advanced, or,
+without step numbers, a new sample), whatever the wall-clock spacing: from several steps per
+sample to one step a minute. Runs and windows count steps, not seconds, so a slow rank whose
+samples are far apart is still followed.
+
+The reference is the balanced job, robustly: the median busy time of the rank's peer group
+(pipeline stage) over the ranks' latest steps. It does not flip when a few ranks change for a
+moment, and a rank slow for the whole job stays slow against it. A rank is a straggler when
+
+- persistent: its busy time is at least ``1 + persistent_excess`` of the reference on average
+  over its last ``persistent_steps`` steps (and most of those steps agree), or
+- transient: at least ``transient_factor`` of the reference for ``transient_steps`` steps in a
+  row.
+
+Several ranks can be stragglers at once. Groups are compared with each other as well: a stage
+that becomes slower than the others is one ``stage`` alert, not one per rank; a stage that was
+heavier from the start (the model's partition) is the job's design and shows in its verdict and
+live slowdown, not as an alert. Everyone slow together is no straggler (``job-wide``).
+
+Each alert carries its cost: the job's live slowdown S (observed step time over the step time
+with that worker at the reference), the share of the job's slowdown that worker explains (a live
+M_W) and the GPU-hours it costs per hour.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from detectors.window import JobWindow
+from minder.core.alert import Alert, AlertKind
+
+logger = logging.getLogger(__name__)
+
+STEP = "train_step_seconds"
+BUSY = "train_busy_seconds"
+NUMBER = "train_step_number"
+COLLECTIVE = "nccl_collective_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerConfig:
+    """Parameters of :class:`StragglerDetector`, with the reason behind each default.
+
+    Attributes
+    ----------
+    persistent_excess, persistent_steps
+        A persistent straggler is this much slower (5 %) over this many steps (50): below 5 %
+        the ranks' own step-to-step jitter and a job's normal spread dominate.
+    persistent_share
+        Of the observations over those steps, at least this share must be slower than half the
+        excess: one very slow step does not make a slow rank.
+    transient_factor, transient_steps
+        A transient straggler is this many times slower (1.5) for this many steps in a row (10).
+    stage_excess
+        A stage (``group``) whose median is this much slower than the others' (after it was
+        not) is a stage straggler.
+    min_ranks
+        Fewer ranks than this: no reference worth the name; nothing is judged.
+    max_factor
+        A step this many times longer than the job's reference (a restore from checkpoint, a
+        stall) is skipped and counted, never alerted.
+    sync_spread
+        Step times within this relative spread across ranks mark a synchronous job.
+    baseline_steps
+        Steps over which each stage's normal share is learnt (a designed imbalance).
+    rearm_steps
+        A rank alerted again only after this many steps back at the reference.
+    ring
+        Observations kept per rank.
+    """
+
+    persistent_excess: float = 0.05
+    persistent_steps: int = 50
+    persistent_share: float = 0.7
+    transient_factor: float = 1.5
+    transient_steps: int = 10
+    stage_excess: float = 0.05
+    min_ranks: int = 4
+    max_factor: float = 20.0
+    sync_spread: float = 0.03
+    baseline_steps: int = 30
+    rearm_steps: int = 200
+    ring: int = 128
+
+    def __post_init__(self) -> None:
+        if not 0 < self.persistent_excess < 1 or self.transient_factor <= 1:
+            raise ValueError(
+                f"persistent_excess={self.persistent_excess!r}, transient_factor="
+                f"{self.transient_factor!r}: expected 0 < excess < 1 and a factor above 1"
+            )
+        for name in ("persistent_steps", "transient_steps", "min_ranks", "ring"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} is {getattr(self, name)!r}: expected at least 1")
+
+
+@dataclass(slots=True)
+class StragglerStats:
+    """What the detector read, and what it skipped (never silently)."""
+
+    observations: int = 0
+    skipped: int = 0
+    """Steps whose time was zero, negative, not a number, or beyond ``max_factor``."""
+
+
+@dataclass(slots=True)
+class JobCost:
+    """The job's live slowdown and its explanation at the last evaluation."""
+
+    slowdown: float = 1.0
+    verdict: str = "none"
+    sync: bool = True
+    signal: str = ""
+    step_s: float = math.nan
+    ideal_step_s: float = math.nan
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+class StragglerDetector:
+    """Streaming straggler detector of one job (the :class:`~detectors.base.JobDetector`
+    interface); evaluates once per tick of the job's window."""
+
+    def __init__(self, config: StragglerConfig | None = None, *, horizon_s: int = 64) -> None:
+        self.config = config or StragglerConfig()
+        self._horizon = horizon_s
+        self.stats = StragglerStats()
+        self.cost = JobCost()
+        self._last_tick: int | None = None
+        self._shape = (0, 0)
+        b = self.config.ring
+        self._number = np.full((0, 0), np.nan)
+        self._latest = np.full((0, 0), np.nan)
+        self._ring = np.full((0, 0, b), np.nan)
+        self._ring_k = np.zeros((0, 0, b))
+        self._ring_tick = np.zeros((0, 0, b), dtype=np.int64)
+        self._pos = np.zeros((0, 0), dtype=np.int64)
+        self._run = np.zeros((0, 0))
+        self._run_start = np.zeros((0, 0), dtype=np.int64)
+        self._calm = np.zeros((0, 0))
+        self._alerted = np.zeros((0, 0), dtype=bool)
+        self._steps_seen = 0.0
+        self._k_median = 1.0
+        self._stage_base: dict[str, list[float]] = {}
+        self._stage_run: dict[str, float] = {}
+        self._stage_alerted: set[str] = set()
+        self._scores: dict[str, tuple[list[float], list[int]]] = {}
+
+    # -- JobDetector ------------------------------------------------------------------------
+    @property
+    def horizon_s(self) -> int:
+        return self._horizon
+
+    def machine_scores(self) -> dict[str, tuple[list[float], list[int]]]:
+        """``straggler``: each machine's worst rank's busy time over its reference."""
+        return dict(self._scores)
+
+    @property
+    def live_slowdown(self) -> float:
+        """The job's live slowdown S (1 when balanced or not measured)."""
+        return self.cost.slowdown
+
+    def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
+        """Read the ranks' newest steps at the tick ending at or before ``now``; the alerts."""
+        if not window.cadence_known:
+            return []
+        due = (now + 1) // window.tick_s - 1
+        if self._last_tick is not None and due <= self._last_tick:
+            return []
+        self._last_tick = due
+        cols, devices = window.columns_of(STEP)
+        if cols.size == 0:
+            return []
+        end = window.tick_end(due)
+        step = window.at(end)[:, cols]
+        busy, number, coll = (
+            self._aligned(window, end, name, devices) for name in (BUSY, NUMBER, COLLECTIVE)
+        )
+        self._grow(step.shape)
+        return self._observe(window, due, step, busy, number, coll, devices)
+
+    # -- state ------------------------------------------------------------------------------
+    def _aligned(self, window: JobWindow, end: int, metric: str, devices: list[str]) -> np.ndarray:
+        """``metric``'s values at the tick, in the columns of ``devices`` (NaN where absent)."""
+        cols, names = window.columns_of(metric)
+        out = np.full((window.n_machines, len(devices)), np.nan)
+        if cols.size:
+            where = {name: i for i, name in enumerate(names)}
+            pick = [(j, where[d]) for j, d in enumerate(devices) if d in where]
+            if pick:
+                values = window.at(end)[:, cols]
+                out[:, [j for j, _ in pick]] = values[:, [i for _, i in pick]]
+        return out
+
+    def _grow(self, shape: tuple[int, int]) -> None:
+        if shape[0] <= self._shape[0] and shape[1] <= self._shape[1]:
+            return
+        m = max(shape[0], self._shape[0])
+        d = max(shape[1], self._shape[1])
+        b = self.config.ring
+
+        def grown(a: np.ndarray, fill: Any, *tail: int) -> np.ndarray:
+            out = np.full((m, d, *tail), fill, dtype=a.dtype)
+            out[: a.shape[0], : a.shape[1]] = a
+            return out
+
+        self._number = grown(self._number, np.nan)
+        self._latest = grown(self._latest, np.nan)
+        self._ring = grown(self._ring, np.nan, b)
+        self._ring_k = grown(self._ring_k, 0.0, b)
+        self._ring_tick = grown(self._ring_tick, 0, b)
+        self._pos = grown(self._pos, 0)
+        self._run = grown(self._run, 0.0)
+        self._run_start = grown(self._run_start, 0)
+        self._calm = grown(self._calm, 0.0)
+        self._alerted = grown(self._alerted, False)
+        self._shape = (m, d)
+
+    # -- one tick ---------------------------------------------------------------------------
+    def _observe(
+        self,
+        window: JobWindow,
+        tick: int,
+        step: np.ndarray,
+        busy: np.ndarray,
+        number: np.ndarray,
+        coll: np.ndarray,
+        devices: list[str],
+    ) -> list[Alert]:
+        cfg = self.config
+        n_m, n_d = step.shape
+        present = np.isfinite(step)
+        if not present.any():
+            return []
+        last_number = self._number[:n_m, :n_d]
+        # A new step: the step number moved on (or, without numbers, a new sample).
+        has_number = np.isfinite(number)
+        advanced = np.where(has_number, number - np.nan_to_num(last_number, nan=-1.0), 1.0)
+        new = present & (advanced > 0)
+        k = np.where(has_number & np.isfinite(last_number), advanced, 1.0)
+        self._number[:n_m, :n_d] = np.where(has_number, number, last_number)
+        if not new.any():
+            return []
+        # Which signal: busy time where reported; in a synchronous job without it, the step
+        # time less the collective time (the rank the others wait for waits least); else the
+        # step time itself (asynchronous jobs).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            typical = float(np.nanmedian(step[new]))
+            spread = float(np.nanpercentile(step[new], 90) - np.nanpercentile(step[new], 10))
+        sync = spread <= cfg.sync_spread * typical if typical > 0 else True
+        use_busy = np.isfinite(busy) & (busy > 0)
+        from_coll = sync & ~use_busy & np.isfinite(coll) & (step - coll > 0)
+        x = np.where(use_busy, busy, np.where(from_coll, step - coll, step))
+        if use_busy[new].any():
+            signal = BUSY
+        elif from_coll[new].any():
+            signal = COLLECTIVE
+        else:
+            signal = STEP
+        # Bad steps: skipped and counted.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            known = self._latest[:n_m, :n_d]
+            scale = float(np.nanmedian(known if np.isfinite(known).any() else x[new]))
+        too_long = np.isfinite(scale) & (x > cfg.max_factor * scale)
+        bad = new & (~np.isfinite(x) | (x <= 0) | (step <= 0) | too_long)
+        self.stats.skipped += int(bad.sum())
+        new &= ~bad
+        if not new.any():
+            return []
+        self.stats.observations += int(new.sum())
+        self._latest[:n_m, :n_d] = np.where(new, x, self._latest[:n_m, :n_d])
+        self._steps_seen += float(np.median(k[new]))
+        self._k_median = 0.9 * self._k_median + 0.1 * float(np.median(k[new]))
+
+        active = window.active()[:n_m]
+        latest = self._latest[:n_m, :n_d]
+        counted = active[:, None] & np.isfinite(latest)
+        if int(counted.sum()) < cfg.min_ranks:
+            return []
+        groups = [window.machines[m].group for m in range(n_m)]
+        ref, stage_ratio = self._references(latest, counted, groups)
+        ratio = np.where(new, x / ref, np.nan)
+
+        # Rings of per-step ratios, runs of transient slowness.
+        m_idx, d_idx = np.nonzero(new)
+        pos = self._pos[m_idx, d_idx]
+        self._ring[m_idx, d_idx, pos] = ratio[m_idx, d_idx]
+        self._ring_k[m_idx, d_idx, pos] = k[m_idx, d_idx]
+        self._ring_tick[m_idx, d_idx, pos] = tick
+        self._pos[m_idx, d_idx] = (pos + 1) % cfg.ring
+        run = self._run[:n_m, :n_d]
+        slow_now = new & (ratio >= cfg.transient_factor)
+        starting = slow_now & (run == 0)
+        self._run_start[:n_m, :n_d] = np.where(starting, tick, self._run_start[:n_m, :n_d])
+        self._run[:n_m, :n_d] = np.where(new, np.where(slow_now, run + k, 0.0), run)
+
+        persistent, mean_ratio, onset = self._persistent(n_m, n_d)
+        transient = self._run[:n_m, :n_d] >= cfg.transient_steps
+        flagged = (persistent | transient) & active[:, None]
+        calm = new & ~flagged & (np.nan_to_num(ratio, nan=1.0) < 1 + cfg.persistent_excess / 2)
+        quiet = self._calm[:n_m, :n_d]
+        self._calm[:n_m, :n_d] = np.where(calm, quiet + k, np.where(flagged, 0.0, quiet))
+        rearm = self._alerted[:n_m, :n_d] & (self._calm[:n_m, :n_d] >= cfg.rearm_steps)
+        self._alerted[:n_m, :n_d] &= ~rearm
+
+        self._job_cost(window, step, latest, counted, ref, sync, signal)
+        rel = np.where(counted, latest / ref, 0.0)
+        self._scores = {"straggler": (rel.max(axis=1).tolist(), rel.argmax(axis=1).tolist())}
+        alerts = self._stage_alerts(window, tick, stage_ratio, groups)
+        stage_machines = {m for m, g in enumerate(groups) if g and g in self._stage_alerted}
+        fire = flagged & ~self._alerted[:n_m, :n_d]
+        for m in sorted(set(np.flatnonzero(fire.any(axis=1)).tolist()) - stage_machines):
+            ranks = np.flatnonzero(fire[m])
+            self._alerted[m, ranks] = True
+            alerts.append(
+                self._worker_alert(
+                    window,
+                    tick,
+                    m,
+                    ranks,
+                    devices,
+                    (latest, ref, mean_ratio, onset),
+                    bool(persistent[m, ranks].any()),
+                    signal,
+                    sync,
+                )
+            )
+        return alerts
+
+    def _references(
+        self, latest: np.ndarray, counted: np.ndarray, groups: list[str]
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Each rank's reference (its group's median where the group is big enough, else the
+        job's) and each group's median over the other groups' (its stage ratio)."""
+        cfg = self.config
+        values = np.where(counted, latest, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            job_ref = float(np.nanmedian(values))
+            ref = np.full(latest.shape, job_ref)
+            medians: dict[str, float] = {}
+            members: dict[str, list[int]] = {}
+            for m, g in enumerate(groups):
+                members.setdefault(g, []).append(m)
+            for g, ms in members.items():
+                part = values[ms]
+                if np.isfinite(part).sum() >= cfg.min_ranks:
+                    medians[g] = float(np.nanmedian(part))
+                    if len(members) > 1:
+                        ref[ms] = medians[g]
+        stage_ratio: dict[str, float] = {}
+        if len(medians) > 1:
+            for g, med in medians.items():
+                others = [v for h, v in medians.items() if h != g]
+                stage_ratio[g] = med / float(np.median(others))
+        return ref, stage_ratio
+
+    def _persistent(self, n_m: int, n_d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ranks slower by the excess over their last ``persistent_steps`` steps; their mean
+        ratio, and the tick the slowness started (the oldest slow observation counted)."""
+        cfg = self.config
+        b = cfg.ring
+        # Observations that cover the last persistent_steps steps, at the job's steps per sample.
+        n_obs = min(b, max(1, math.ceil(cfg.persistent_steps / max(self._k_median, 1.0))))
+        age = (self._pos[:n_m, :n_d, None] - np.arange(b)[None, None, :] - 1) % b
+        ratios = self._ring[:n_m, :n_d]
+        use = (age < n_obs) & np.isfinite(ratios)
+        k = np.where(use, self._ring_k[:n_m, :n_d], 0.0)
+        steps = k.sum(axis=2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (np.where(use, ratios, 0.0) * k).sum(axis=2) / steps
+            share = (use & (ratios >= 1 + cfg.persistent_excess / 2)).sum(axis=2) / use.sum(axis=2)
+        persistent = (
+            (steps >= cfg.persistent_steps)
+            & (mean >= 1 + cfg.persistent_excess)
+            & (share >= cfg.persistent_share)
+        )
+        slow = use & (ratios >= 1 + cfg.persistent_excess / 2)
+        ticks = np.where(slow, self._ring_tick[:n_m, :n_d], np.iinfo(np.int64).max)
+        onset = ticks.min(axis=2)
+        return persistent, np.nan_to_num(mean, nan=1.0), onset
+
+    # -- cost and alerts --------------------------------------------------------------------
+    def _job_cost(
+        self,
+        window: JobWindow,
+        step: np.ndarray,
+        latest: np.ndarray,
+        counted: np.ndarray,
+        ref: np.ndarray,
+        sync: bool,
+        signal: str,
+    ) -> None:
+        """The job's live slowdown: observed step time over the balanced step time (every rank
+        at the mean busy time: the what-if ideal)."""
+        values = latest[counted]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            observed = float(np.nanmedian(step))
+        if not values.size or not math.isfinite(observed) or observed <= 0:
+            return
+        if sync:
+            # Every rank waits for the slowest: step = slowest busy + communication.
+            comm = max(0.0, observed - float(values.max())) if signal != STEP else 0.0
+            if signal == STEP:
+                observed = float(values.max())
+            ideal = float(values.mean()) + comm
+        else:
+            # Asynchronous: each worker's pace is its own; the job's throughput (steps per
+            # second over workers) against every worker at its reference or faster.
+            rate = float(np.sum(1.0 / values))
+            balanced = float(np.sum(1.0 / np.minimum(values, ref[counted])))
+            observed, ideal = float(values.size / rate), float(values.size / balanced)
+        slowdown = max(1.0, observed / ideal) if ideal > 0 else 1.0
+        self.cost = JobCost(
+            slowdown=slowdown,
+            verdict=self._verdict(slowdown, values, ref[counted]),
+            sync=sync,
+            signal=signal,
+            step_s=observed,
+            ideal_step_s=ideal,
+        )
+
+    def _verdict(self, slowdown: float, values: np.ndarray, ref: np.ndarray) -> str:
+        if slowdown < 1 + self.config.persistent_excess:
+            return "none"
+        ratio = values / ref
+        if (ratio >= 1 + self.config.persistent_excess).mean() >= 0.5:
+            return "job-wide"
+        if self._stage_alerted:
+            return "stage"
+        return "worker"
+
+    def _stage_alerts(
+        self, window: JobWindow, tick: int, stage_ratio: dict[str, float], groups: list[str]
+    ) -> list[Alert]:
+        """A stage slower than the others by ``stage_excess`` beyond its normal share."""
+        cfg = self.config
+        out = []
+        for g, r in stage_ratio.items():
+            base = self._stage_base.setdefault(g, [])
+            if len(base) < cfg.baseline_steps:
+                base.append(r)
+                continue
+            normal = float(np.median(base))
+            if r >= normal * (1 + cfg.stage_excess):
+                self._stage_run[g] = self._stage_run.get(g, 0.0) + self._k_median
+            else:
+                self._stage_run[g] = 0.0
+                continue
+            if g in self._stage_alerted or self._stage_run[g] < cfg.persistent_steps:
+                continue
+            self._stage_alerted.add(g)
+            machines = [window.machines[m].name for m, h in enumerate(groups) if h == g]
+            out.append(
+                Alert(
+                    job=window.job,
+                    machine=g,
+                    kind=AlertKind.STRAGGLER,
+                    metric=self.cost.signal or BUSY,
+                    score=round(r / normal, 4),
+                    first_ts=float(window.tick_end(tick) - self._stage_run[g] * self.cost.step_s),
+                    detected_ts=float(window.tick_end(tick)),
+                    domain="",
+                    evidence={
+                        "rule": "straggler",
+                        "verdict": "stage",
+                        "group": g,
+                        "stage_ratio": round(r, 4),
+                        "normal_ratio": round(normal, 4),
+                        "members": machines[:64],
+                        "slowdown": round(self.cost.slowdown, 4),
+                        "steps": int(self._stage_run[g]),
+                    },
+                )
+            )
+        return out
+
+    def _worker_alert(
+        self,
+        window: JobWindow,
+        tick: int,
+        m: int,
+        ranks: np.ndarray,
+        devices: list[str],
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        persistent: bool,
+        signal: str,
+        sync: bool,
+    ) -> Alert:
+        """One machine's straggling ranks, with what they cost the job."""
+        latest, ref, mean_ratio, onset = arrays
+        info = window.machines[m]
+        cost = self.cost
+        worst = int(ranks[np.argmax(latest[m, ranks] / ref[m, ranks])])
+        own = float(latest[m, worst])
+        reference = float(ref[m, worst])
+        mask = np.isfinite(latest)
+        mask[m, ranks] = False
+        others = latest[mask]
+        observed, ideal = cost.step_s, cost.ideal_step_s
+        if sync:
+            # The job's step time with this worker at the reference.
+            slowest_other = max(float(others.max()) if others.size else reference, reference)
+            without = observed - max(0.0, own - slowest_other)
+        else:
+            rate = float(np.sum(1.0 / latest[np.isfinite(latest)]))
+            fixed = rate - float(np.sum(1.0 / latest[m, ranks])) + len(ranks) / reference
+            without = observed * rate / fixed
+        slowdown = observed / without if without > 0 else 1.0
+        explained = (observed - without) / (observed - ideal) if observed > ideal else 0.0
+        ranks_in_job = int(np.isfinite(latest).sum())
+        lost = ranks_in_job * (1 - 1 / slowdown)
+        start = int(onset[m, ranks].min() if persistent else self._run_start[m, ranks].min())
+        if start >= 2**62:
+            start = tick
+        ratio = own / reference if reference > 0 else math.nan
+        return Alert(
+            job=window.job,
+            machine=info.name,
+            kind=AlertKind.STRAGGLER,
+            metric=signal,
+            score=round(ratio, 4),
+            first_ts=float(start * window.tick_s),
+            detected_ts=float(window.tick_end(tick)),
+            devices=tuple(devices[int(r)] for r in ranks),
+            domain=info.domain,
+            evidence={
+                "rule": "straggler",
+                "verdict": "worker",
+                "straggler": "persistent" if persistent else "transient",
+                "ratio": round(ratio, 4),
+                "mean_ratio": round(float(mean_ratio[m, worst]), 4),
+                "busy_s": round(own, 6),
+                "reference_s": round(reference, 6),
+                "steps": self.config.persistent_steps
+                if persistent
+                else int(self._run[m, ranks].max()),
+                "slowdown": round(slowdown, 4),
+                "share": round(min(1.0, max(0.0, explained)), 4),
+                "gpu_hours_lost_per_hour": round(max(0.0, lost), 4),
+                "job_slowdown": round(cost.slowdown, 4),
+                "sync": sync,
+                "group": info.group,
+            },
+        )
