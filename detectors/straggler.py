@@ -141,10 +141,12 @@ class StragglerDetector:
         self.stats = StragglerStats()
         self.cost = JobCost()
         self._last_tick: int | None = None
+        self._tick_s = 0
         self._shape = (0, 0)
         b = self.config.ring
         self._number = np.full((0, 0), np.nan)
         self._latest = np.full((0, 0), np.nan)
+        self._latest_step = np.full((0, 0), np.nan)
         self._ring = np.full((0, 0, b), np.nan)
         self._ring_k = np.zeros((0, 0, b))
         self._ring_tick = np.zeros((0, 0, b), dtype=np.int64)
@@ -178,6 +180,9 @@ class StragglerDetector:
         """Read the ranks' newest steps at the tick ending at or before ``now``; the alerts."""
         if not window.cadence_known:
             return []
+        if window.tick_s != self._tick_s:
+            # The window learnt (another) sampling interval: ticks are counted anew.
+            self._tick_s, self._last_tick = window.tick_s, None
         due = (now + 1) // window.tick_s - 1
         if self._last_tick is not None and due <= self._last_tick:
             return []
@@ -220,6 +225,7 @@ class StragglerDetector:
 
         self._number = grown(self._number, np.nan)
         self._latest = grown(self._latest, np.nan)
+        self._latest_step = grown(self._latest_step, np.nan)
         self._ring = grown(self._ring, np.nan, b)
         self._ring_k = grown(self._ring_k, 0.0, b)
         self._ring_tick = grown(self._ring_tick, 0, b)
@@ -258,11 +264,7 @@ class StragglerDetector:
         # Which signal: busy time where reported; in a synchronous job without it, the step
         # time less the collective time (the rank the others wait for waits least); else the
         # step time itself (asynchronous jobs).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            typical = float(np.nanmedian(step[new]))
-            spread = float(np.nanpercentile(step[new], 90) - np.nanpercentile(step[new], 10))
-        sync = spread <= cfg.sync_spread * typical if typical > 0 else True
+        sync = self._synchronous(step, new)
         use_busy = np.isfinite(busy) & (busy > 0)
         from_coll = sync & ~use_busy & np.isfinite(coll) & (step - coll > 0)
         x = np.where(use_busy, busy, np.where(from_coll, step - coll, step))
@@ -324,7 +326,12 @@ class StragglerDetector:
         self._scores = {"straggler": (rel.max(axis=1).tolist(), rel.argmax(axis=1).tolist())}
         alerts = self._stage_alerts(window, tick, stage_ratio, groups)
         stage_machines = {m for m, g in enumerate(groups) if g and g in self._stage_alerted}
-        fire = flagged & ~self._alerted[:n_m, :n_d]
+        alerted = self._alerted[:n_m, :n_d]
+        fire = flagged & ~alerted
+        # One straggling machine, one alert: ranks that join its episode later join silently.
+        in_episode = alerted.any(axis=1)
+        alerted |= fire & in_episode[:, None]
+        fire &= ~in_episode[:, None]
         for m in sorted(set(np.flatnonzero(fire.any(axis=1)).tolist()) - stage_machines):
             ranks = np.flatnonzero(fire[m])
             self._alerted[m, ranks] = True
@@ -342,6 +349,20 @@ class StragglerDetector:
                 )
             )
         return alerts
+
+    def _synchronous(self, step: np.ndarray, new: np.ndarray) -> bool:
+        """A synchronous job: its ranks are at the same step (within one), or, without step
+        numbers, their latest step times are equal within ``sync_spread``."""
+        n_m, n_d = step.shape
+        self._latest_step[:n_m, :n_d] = np.where(new, step, self._latest_step[:n_m, :n_d])
+        numbers = self._number[:n_m, :n_d]
+        if np.isfinite(numbers).sum() >= 2:
+            return bool(np.nanmax(numbers) - np.nanmin(numbers) <= 2)
+        times = self._latest_step[:n_m, :n_d]
+        times = times[np.isfinite(times)]
+        if times.size < 2:
+            return True
+        return bool((times.max() - times.min()) <= self.config.sync_spread * np.median(times))
 
     def _references(
         self, latest: np.ndarray, counted: np.ndarray, groups: list[str]

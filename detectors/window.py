@@ -106,6 +106,8 @@ class JobWindow:
         """Seconds per tick: the job's finest sampling interval, learnt unless given."""
         self.calibrated = tick_s is not None
         self.cadence_known = tick_s is not None
+        self.fixed_tick = tick_s is not None
+        """The tick was given: calibration learns the series' intervals only."""
         """The tick has been estimated (or given) at least once: detection may start."""
         self.series_every = np.ones(0, dtype=np.int64)
         """Per series, its sampling interval in ticks (1 unless sampled more coarsely)."""
@@ -391,6 +393,8 @@ class JobWindow:
             per_machine = np.nanmin(spacing, axis=1)
         known = np.isfinite(per_series)
         tick = int(min(MAX_TICK_S, max(1, round(float(per_series[known].min())))))
+        if self.fixed_tick:
+            tick = self.tick_s
         every = np.ones(k, dtype=np.int64)
         every[known] = np.clip(np.rint(per_series[known] / tick), 1, None).astype(np.int64)
         changed = tick != self.tick_s or not np.array_equal(every, self.series_every[:k])

@@ -45,8 +45,30 @@ class FaultType(StrEnum):
         The data loader starves: each step waits ``2 * severity`` step times for data, during
         which this machine's GPUs idle, its CPU and network receive drop; peers spin.
 
-    A fault with a finite ``duration_s`` clears at its end: the device recovers and a stalled
-    job resumes at once (as if restarted from its checkpoint).
+    Stragglers (``factor``: how many times longer the slow ranks' compute, their *busy time*,
+    takes; see ``collectors/sim/faults.py``). In a synchronous job (the default) every rank's
+    step then takes as long as the slowest rank's busy time plus the communication: the slow
+    ranks compute through the time their peers wait in the collective, so the slow ranks show
+    the largest ``train_busy_seconds`` and the shortest ``nccl_collective_seconds``, every rank
+    the same longer ``train_step_seconds``, and the healthy ranks' GPUs spin a little longer
+    each step (utilisation and power dip mildly). In an asynchronous job (``sync: false``) only
+    the slow ranks' own steps take longer and their ``train_step_number`` falls behind.
+
+    ``slow_worker``
+        One machine's ranks (``device``: ``rankN``, a list of them or ``all``, the default)
+        are ``factor`` (default 1.2) slower from ``start_s``, for ``duration_s`` or to the end.
+    ``transient_straggler``
+        As ``slow_worker`` for a short while: default ``factor`` 2.0, ``duration_s`` 20 steps.
+    ``slow_stage``
+        Every rank of one pipeline stage (``stage``: ``ppN`` or ``N``; a ``machine`` stands for
+        its stage; default drawn from the seed) is ``factor`` (default 1.2) slower: one stage
+        out of balance, not so many separate stragglers. The job needs ``pp_stages`` >= 2.
+    ``flapping_worker``
+        As ``slow_worker`` (default ``factor`` 1.5) but slow and normal by turns, ``period_s``
+        (default 60 s) each, slow first.
+    ``slow_group``
+        Several machines (``machines``: a count drawn from the seed, default 3, or a list) are
+        ``factor`` (default 1.2) slower at once.
     """
 
     GPU_XID = "gpu_xid"
@@ -62,6 +84,11 @@ class FaultType(StrEnum):
     CUDA_EXECUTION_ERROR = "cuda_execution_error"
     GPU_EXECUTION_ERROR = "gpu_execution_error"
     HDFS_ERROR = "hdfs_error"
+    SLOW_WORKER = "slow_worker"
+    TRANSIENT_STRAGGLER = "transient_straggler"
+    SLOW_STAGE = "slow_stage"
+    FLAPPING_WORKER = "flapping_worker"
+    SLOW_GROUP = "slow_group"
 
 
 class ConfounderType(StrEnum):
@@ -108,6 +135,11 @@ class ConfounderType(StrEnum):
         Every machine of the job stops for good at a time drawn in ``[start_s, start_s +
         spread_s)``, with or without ``goodbye`` (default true) as ``scale_down``; the scenario
         may end a little after.
+
+    ``job_wide_slowdown``
+        Every rank of the job computes ``factor`` (default 1.2) times longer from ``start_s``
+        (for ``duration_s`` or to the end): slower data, a lower clock cap, a bigger batch. The
+        whole job slows, but no rank lags its peers, so it is no straggler and no fault.
     """
 
     BLIP = "blip"
@@ -117,6 +149,7 @@ class ConfounderType(StrEnum):
     SCALE_DOWN = "scale_down"
     ROLLING_RESTART = "rolling_restart"
     JOB_END = "job_end"
+    JOB_WIDE_SLOWDOWN = "job_wide_slowdown"
 
 
 MEMBERSHIP_CONFOUNDERS = frozenset(
@@ -144,3 +177,33 @@ GPU_FAULTS = frozenset(
 """Faults that hit one or more GPUs (``device``: ``gpuN``, a list of them, or ``all``)."""
 NIC_FAULTS = frozenset({FaultType.NIC_DOWN, FaultType.AOC_ERROR})
 """Faults that hit one or more RDMA NICs (``device``: ``mlx5_N``, a list of them, or ``all``)."""
+STRAGGLER_FAULTS = frozenset(
+    {
+        FaultType.SLOW_WORKER,
+        FaultType.TRANSIENT_STRAGGLER,
+        FaultType.SLOW_STAGE,
+        FaultType.FLAPPING_WORKER,
+        FaultType.SLOW_GROUP,
+    }
+)
+"""Faults that slow some ranks' compute by a ``factor`` (see :class:`FaultType`)."""
+RANK_FAULTS = frozenset(
+    {FaultType.SLOW_WORKER, FaultType.TRANSIENT_STRAGGLER, FaultType.FLAPPING_WORKER}
+)
+"""Stragglers of one machine that may hit only some of its ranks (``device``: ``rankN``, a list
+of them, or ``all``, the default)."""
+DEFAULT_FACTOR: dict[FaultType | ConfounderType, float] = {
+    FaultType.SLOW_WORKER: 1.2,
+    FaultType.TRANSIENT_STRAGGLER: 2.0,
+    FaultType.SLOW_STAGE: 1.2,
+    FaultType.FLAPPING_WORKER: 1.5,
+    FaultType.SLOW_GROUP: 1.2,
+    ConfounderType.JOB_WIDE_SLOWDOWN: 1.2,
+}
+"""``factor`` of each slowdown when the scenario names none."""
+DEFAULT_PERIOD_S = 60.0
+"""``flapping_worker``: seconds slow, then as many normal, by turns."""
+DEFAULT_TRANSIENT_STEPS = 20
+"""``transient_straggler``: default ``duration_s`` in the job's steps."""
+DEFAULT_GROUP_SIZE = 3
+"""``slow_group``: machines drawn when ``machines`` is left out."""

@@ -18,6 +18,8 @@ Example::
     faults:
       - {type: ecc_error, job: llm, machine: 17, device: gpu3, start_s: 300}
       - {type: pcie_downgrade, machine: llm-n0042, start_s: 700, duration_s: 600}
+      - {type: slow_worker, machine: 77, factor: 1.1, start_s: 900}   # a straggler
+      - {type: slow_stage, stage: pp2, factor: 1.3, start_s: 1500, duration_s: 120}
     confounders:
       - {type: blip, machine: 5, start_s: 120}
       - {type: eval_phase, start_s: 1000, duration_s: 120}
@@ -26,9 +28,12 @@ Example::
       - {type: scale_down, machines: 8, start_s: 900, spread_s: 3, goodbye: false}
       - {type: rolling_restart, machines: 4, start_s: 1200, every_s: 45, duration_s: 40}
       - {type: job_end, start_s: 1790, spread_s: 5}
+      - {type: job_wide_slowdown, factor: 1.15, start_s: 600, duration_s: 300}
 
 Machines are addressed by index (``0`` … ``machines-1``) or by name; ``job`` may be left out when
-the scenario has one job; ``machine`` and ``device`` left out are chosen from the seed.
+the scenario has one job; ``machine`` and ``device`` left out are chosen from the seed (but a
+straggler's ``device`` defaults to all the machine's ranks). A job is synchronous unless it says
+``sync: false`` (asynchronous or parameter-server training: each rank steps at its own pace).
 ``machines`` (membership confounders) is a count of machines drawn from the seed, or a list of
 indices and names. What each confounder does: :class:`~collectors.sim.kinds.ConfounderType`.
 """
@@ -46,9 +51,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from collectors.sim.kinds import (
+    DEFAULT_FACTOR,
     GPU_FAULTS,
     MEMBERSHIP_CONFOUNDERS,
     NIC_FAULTS,
+    RANK_FAULTS,
+    STRAGGLER_FAULTS,
     ConfounderType,
     FaultType,
 )
@@ -62,6 +70,9 @@ __all__ = [
     "GPU_FAULTS",
     "MEMBERSHIP_CONFOUNDERS",
     "NIC_FAULTS",
+    "RANK_FAULTS",
+    "STRAGGLER_FAULTS",
+    "STRAGGLER_METRICS",
     "ConfounderSpec",
     "ConfounderType",
     "FaultSpec",
@@ -111,6 +122,14 @@ DEFAULT_METRICS: tuple[str, ...] = (
 )
 """Emitted when a job names no ``metrics``: 14 per GPU, 7 per NIC, 6 host, 1 per rank."""
 
+STRAGGLER_METRICS: tuple[str, ...] = (
+    "train_step_seconds",
+    "train_busy_seconds",
+    "train_step_number",
+    "nccl_collective_seconds",
+)
+"""The per-rank signals of stragglers (add them to a job's ``metrics`` to see them)."""
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -141,7 +160,7 @@ class JobSpec(BaseModel):
         default=0.08, ge=0.0, le=0.5, description="systematic extra compute of the last stage"
     )
     machines_per_domain: int = Field(default=16, ge=1, description="label 'domain' = leaf-NN")
-    step_time_s: float = Field(default=6.0, ge=0.5, le=600.0)
+    step_time_s: float = Field(default=6.0, ge=0.1, le=600.0)
     comm_fraction: float = Field(default=0.3, ge=0.02, le=0.9)
     checkpoint_every_s: float | None = Field(default=None, gt=0.0)
     checkpoint_duration_s: float = Field(default=30.0, gt=0.0)
@@ -153,6 +172,11 @@ class JobSpec(BaseModel):
     duplicate_rate: float = Field(default=0.0, ge=0.0, lt=1.0, description="per batch: sent twice")
     metrics: tuple[str, ...] | None = Field(
         default=None, description="canonical names to emit; default DEFAULT_METRICS"
+    )
+    sync: bool = Field(
+        default=True,
+        description="synchronous training (every rank waits for the slowest each step); false: "
+        "asynchronous or parameter-server training, each rank at its own pace",
     )
 
     @field_validator("name", "machine_prefix")
@@ -247,6 +271,12 @@ class _Injection(BaseModel):
     start_s: float = Field(ge=0.0, description="offset from the scenario start")
     duration_s: float | None = Field(default=None, gt=0.0)
     severity: float = Field(default=1.0, gt=0.0, le=10.0)
+    factor: float | None = Field(
+        default=None,
+        gt=1.0,
+        le=10.0,
+        description="stragglers and job_wide_slowdown: how many times longer compute takes",
+    )
 
 
 class FaultSpec(_Injection):
@@ -261,6 +291,17 @@ class FaultSpec(_Injection):
     link_width: int | None = Field(default=None, description="pcie_downgrade: 1, 2, 4 or 8")
     link_gen: int | None = Field(default=None, ge=1, le=5, description="pcie_downgrade")
     silent: bool = Field(default=False, description="switch_reboot: machines go silent")
+    period_s: float | None = Field(
+        default=None, gt=0.0, description="flapping_worker: seconds slow, then as many normal"
+    )
+    stage: int | str | None = Field(
+        default=None, description="slow_stage: the PP stage, 'ppN' or N; default: seed"
+    )
+    machines: int | tuple[int | str, ...] | None = Field(
+        default=None,
+        description="slow_group: a count of machines drawn from the seed, or a list of indices "
+        "and names; default 3 drawn",
+    )
 
     @field_validator("type", mode="before")
     @classmethod
@@ -268,6 +309,11 @@ class FaultSpec(_Injection):
         if str(value) not in {t.value for t in FaultType}:
             raise ValueError(f"unknown fault type {value!r}: expected one of {_choices(FaultType)}")
         return value
+
+    @property
+    def factor_in_effect(self) -> float:
+        """``factor``, or the type's default (1.0 for injections that slow no compute)."""
+        return self.factor if self.factor is not None else DEFAULT_FACTOR.get(self.type, 1.0)
 
     @field_validator("link_width")
     @classmethod
@@ -294,12 +340,53 @@ class FaultSpec(_Injection):
                 "pcie_downgrade with link_gen 5 and no link_width downgrades nothing: expected "
                 "link_width 1/2/4/8 or link_gen 1-4"
             )
-        if self.device is not None and self.type not in GPU_FAULTS and self.type not in NIC_FAULTS:
+        if self.device is not None and self.type not in GPU_FAULTS | NIC_FAULTS | RANK_FAULTS:
             raise ValueError(
                 f"{self.type.value} takes no device (got {self.device!r}): devices are for "
-                f"{', '.join(sorted(t.value for t in GPU_FAULTS | NIC_FAULTS))}"
+                f"{', '.join(sorted(t.value for t in GPU_FAULTS | NIC_FAULTS | RANK_FAULTS))}"
             )
+        self._check_straggler_fields()
         return self
+
+    def _check_straggler_fields(self) -> None:
+        kind = self.type
+        if self.factor is not None and kind not in STRAGGLER_FAULTS:
+            raise ValueError(
+                f"factor is for {', '.join(sorted(t.value for t in STRAGGLER_FAULTS))}, not "
+                f"{kind.value}"
+            )
+        if self.period_s is not None and kind is not FaultType.FLAPPING_WORKER:
+            raise ValueError(f"period_s is for flapping_worker, not {kind.value}")
+        if self.stage is not None and kind is not FaultType.SLOW_STAGE:
+            raise ValueError(f"stage is for slow_stage, not {kind.value}")
+        if self.stage is not None and self.machine is not None:
+            raise ValueError(
+                f"slow_stage got both stage {self.stage!r} and machine {self.machine!r}: "
+                "expected one of them (a machine stands for its stage)"
+            )
+        machines = self.machines
+        if machines is None:
+            return
+        if kind is not FaultType.SLOW_GROUP:
+            raise ValueError(f"machines is for slow_group, not {kind.value}")
+        if self.machine is not None:
+            raise ValueError(
+                f"slow_group got both machine {self.machine!r} and machines {machines!r}: "
+                "expected machines only"
+            )
+        if isinstance(machines, int) and machines < 2:
+            raise ValueError(
+                f"machines is {machines}: expected a count >= 2 or a list (one slow machine "
+                "is a slow_worker)"
+            )
+        if isinstance(machines, tuple):
+            if len(machines) < 2:
+                raise ValueError(
+                    f"machines {list(machines)} names fewer than 2: expected several machines "
+                    "(one slow machine is a slow_worker)"
+                )
+            if len(set(machines)) != len(machines):
+                raise ValueError(f"machines {list(machines)} name a machine twice")
 
 
 _CONFOUNDER_LENGTH_S: dict[ConfounderType, float] = {
@@ -374,6 +461,8 @@ class ConfounderSpec(_Injection):
                 f"{kind.value} lasts until the scenario's end: expected no duration_s, got "
                 f"{self.duration_s!r}"
             )
+        if self.factor is not None and kind is not ConfounderType.JOB_WIDE_SLOWDOWN:
+            raise ValueError(f"factor is for job_wide_slowdown, not {kind.value}")
         if kind is ConfounderType.JOB_END and self.machine is not None:
             raise ValueError(
                 f"job_end stops every machine of the job: expected no machine, got {self.machine!r}"
@@ -392,6 +481,11 @@ class ConfounderSpec(_Injection):
             if len(set(machines)) != len(machines):
                 raise ValueError(f"machines {list(machines)} name a machine twice")
         return self
+
+    @property
+    def factor_in_effect(self) -> float:
+        """``factor``, or the type's default (1.0 for injections that slow no compute)."""
+        return self.factor if self.factor is not None else DEFAULT_FACTOR.get(self.type, 1.0)
 
     @property
     def length_s(self) -> float | None:

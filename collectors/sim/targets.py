@@ -9,15 +9,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from collectors.sim.kinds import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_PERIOD_S,
+    DEFAULT_TRANSIENT_STEPS,
     GPU_FAULTS,
     MEMBERSHIP_CONFOUNDERS,
     NIC_FAULTS,
+    RANK_FAULTS,
+    STRAGGLER_FAULTS,
     ConfounderType,
     FaultType,
 )
 
 if TYPE_CHECKING:
-    from collectors.sim.scenario import ConfounderSpec, JobSpec, Scenario
+    from collectors.sim.scenario import ConfounderSpec, FaultSpec, JobSpec, Scenario
 
 _FAULT_STREAM = 17
 _CONFOUNDER_STREAM = 18
@@ -46,6 +51,12 @@ class Target:
         of the job (``-inf`` for a late joiner's leave, ``inf`` for a ``back`` that never comes).
     goodbye
         Each leaving machine sends a ``leave`` event at its ``leave`` time.
+    ranks
+        Stragglers: the ranks (local indices, ``rank3`` is 3) slowed on each of ``machines``.
+    slow_spans
+        Stragglers and ``job_wide_slowdown``: the spans ``(start, end)`` in which the ranks are
+        slow (one, or a ``flapping_worker``'s slow turns); the last ends at ``inf`` when the
+        injection does not clear before the scenario's end.
     """
 
     job: int
@@ -58,6 +69,8 @@ class Target:
     clears: bool
     away: tuple[tuple[float, float], ...] = ()
     goodbye: bool = False
+    ranks: tuple[int, ...] = ()
+    slow_spans: tuple[tuple[float, float], ...] = ()
 
 
 def resolve_fault(scenario: Scenario, index: int) -> Target:
@@ -66,6 +79,8 @@ def resolve_fault(scenario: Scenario, index: int) -> Target:
     where = f"faults[{index}]"
     job_index, job = scenario.job(spec.job, where)
     rng = np.random.default_rng([scenario.seed, _FAULT_STREAM, index])
+    if spec.type in STRAGGLER_FAULTS:
+        return _straggler(scenario, spec, job_index, job, rng, where)
     start, end, clears = _span(scenario, spec.start_s, spec.duration_s, where)
     if spec.type is FaultType.SWITCH_REBOOT:
         if spec.domain is not None:
@@ -98,15 +113,123 @@ def resolve_confounder(scenario: Scenario, index: int) -> Target:
     if spec.type in MEMBERSHIP_CONFOUNDERS:
         return _membership(scenario, spec, job_index, job, rng, where)
     start, end, clears = _span(scenario, spec.start_s, spec.length_s, where)
-    if spec.type is ConfounderType.EVAL_PHASE:
+    if spec.type in (ConfounderType.EVAL_PHASE, ConfounderType.JOB_WIDE_SLOWDOWN):
         if spec.machine is not None:
             raise ValueError(
-                f"{where}.machine: eval_phase hits every machine of the job: expected no "
+                f"{where}.machine: {spec.type.value} hits every machine of the job: expected no "
                 f"machine, got {spec.machine!r}"
             )
+        if spec.type is ConfounderType.JOB_WIDE_SLOWDOWN:
+            spans = _slow_spans(start, end, clears, None)
+            return Target(job_index, (), (), (), "", start, end, clears, slow_spans=spans)
         return Target(job_index, (), (), (), "", start, end, clears)
     machine = _machine(job, spec.machine, rng, where)
     return Target(job_index, (machine,), (), (), job.domain_of(machine), start, end, clears)
+
+
+def _straggler(
+    scenario: Scenario,
+    spec: FaultSpec,
+    job_index: int,
+    job: JobSpec,
+    rng: np.random.Generator,
+    where: str,
+) -> Target:
+    """Which ranks of which machines are slow, and when."""
+    kind = spec.type
+    duration = spec.duration_s
+    if kind is FaultType.TRANSIENT_STRAGGLER and duration is None:
+        duration = DEFAULT_TRANSIENT_STEPS * job.step_time_s
+    start, end, clears = _span(scenario, spec.start_s, duration, where)
+    every_rank = tuple(range(job.gpus_per_machine))
+    ranks = every_rank
+    if kind is FaultType.SLOW_STAGE:
+        stage = _stage(job, spec, rng, where)
+        machines = tuple(i for i in range(job.machines) if job.group_of(i) == stage)
+    elif kind is FaultType.SLOW_GROUP:
+        machines = _group(job, spec.machines, rng, where)
+    else:
+        machines = (_machine(job, spec.machine, rng, where),)
+        if kind in RANK_FAULTS and spec.device is not None:
+            ranks = _devices(spec.device, job.rank_names(), rng, f"{where}.device", "rank")
+    period = spec.period_s if spec.period_s is not None else DEFAULT_PERIOD_S
+    spans = _slow_spans(start, end, clears, period if kind is FaultType.FLAPPING_WORKER else None)
+    return Target(
+        job_index,
+        machines,
+        (),
+        (),
+        job.domain_of(machines[0]),
+        start,
+        end,
+        clears,
+        ranks=ranks,
+        slow_spans=spans,
+    )
+
+
+def _stage(job: JobSpec, spec: FaultSpec, rng: np.random.Generator, where: str) -> str:
+    """The PP stage of a ``slow_stage``: ``stage``, the stage of ``machine``, or drawn."""
+    stages = [f"pp{k}" for k in range(job.pp_stages)]
+    if job.pp_stages < 2:
+        raise ValueError(
+            f"{where}: slow_stage needs a job of pp_stages >= 2, and job {job.name!r} has 1 "
+            "stage (the whole job slow is a job_wide_slowdown confounder)"
+        )
+    if spec.machine is not None:
+        return job.group_of(_machine(job, spec.machine, rng, where))
+    if spec.stage is None:
+        return stages[int(rng.integers(job.pp_stages))]
+    stage = spec.stage
+    name = f"pp{stage}" if isinstance(stage, int) else stage
+    if name not in stages:
+        raise ValueError(
+            f"{where}.stage: unknown stage {stage!r} of job {job.name!r}: expected one of "
+            f"{stages} or an index 0..{job.pp_stages - 1}"
+        )
+    return name
+
+
+def _group(
+    job: JobSpec,
+    machines: int | tuple[int | str, ...] | None,
+    rng: np.random.Generator,
+    where: str,
+) -> tuple[int, ...]:
+    """The machines of a ``slow_group``: a count drawn from the seed, or a list."""
+    if machines is None or isinstance(machines, int):
+        count = DEFAULT_GROUP_SIZE if machines is None else machines
+        if count > job.machines:
+            raise ValueError(
+                f"{where}.machines: {count} machines asked of job {job.name!r}, which has "
+                f"{job.machines}: expected a count of 2..{job.machines}"
+            )
+        drawn = rng.choice(job.machines, size=count, replace=False)
+        return tuple(sorted(int(m) for m in drawn))
+    out = tuple(_machine(job, m, rng, where, "machines") for m in machines)
+    if len(set(out)) != len(out):
+        raise ValueError(
+            f"{where}.machines: {list(machines)} name a machine twice (by index and by name): "
+            "expected each machine once"
+        )
+    return tuple(sorted(out))
+
+
+def _slow_spans(
+    start: float, end: float, clears: bool, period_s: float | None
+) -> tuple[tuple[float, float], ...]:
+    """When the ranks are slow: ``[start, end)``, or by turns of ``period_s`` from ``start``;
+    an injection that does not clear stays on (by turns) past the scenario's end."""
+    if period_s is None:
+        return ((start, end if clears else math.inf),)
+    # Past the end, a few more turns: the job's timeline runs a little beyond the last second.
+    horizon = end if clears else end + 2 * period_s + 60.0
+    spans = []
+    t = start
+    while t < horizon:
+        spans.append((t, min(t + period_s, horizon) if clears else t + period_s))
+        t += 2 * period_s
+    return tuple(spans)
 
 
 def _membership(

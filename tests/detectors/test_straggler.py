@@ -1,0 +1,200 @@
+"""The step-indexed straggler detector: persistent and transient stragglers, several at once,
+stages, job-wide slowdowns, asynchronous jobs, and bad step times."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from detectors.straggler import StragglerDetector
+from detectors.window import JobWindow
+from minder.core.alert import Alert, AlertKind
+
+START = 2_000_000
+RANKS = 4
+
+Factor = Callable[[int, int, int], float]
+"""``factor(machine, rank, step)``: how many times the balanced busy time that rank takes."""
+
+
+def run_job(
+    *,
+    machines: int = 16,
+    steps: int = 200,
+    step_s: float = 2.0,
+    factor: Factor = lambda m, r, s: 1.0,
+    sync: bool = True,
+    busy: bool = True,
+    collective: bool = True,
+    stages: int = 1,
+    seed: int = 0,
+    edit: Callable[[int, int, int, dict[str, float]], None] | None = None,
+) -> tuple[list[Alert], StragglerDetector, float]:
+    """Steps of a job; each rank's step reported at the second it ends (the probe's mean of the
+    steps that ended in that second). Returns the alerts, the detector and the job's true
+    slowdown at its last step."""
+    rng = np.random.default_rng(seed)
+    base = step_s * 0.7  # balanced busy time; the rest is communication
+    comm = step_s - base
+    window = JobWindow("j", horizon_s=64, tick_s=1)
+    detector = StragglerDetector()
+    alerts: list[Alert] = []
+    clock = np.zeros((machines, RANKS))  # async: each rank's own time
+    t_sync = 0.0
+    pending: dict[int, list[tuple[int, int, dict[str, float]]]] = {}
+    true_s = 1.0
+    for s in range(steps):
+        work = np.array(
+            [
+                [base * factor(m, r, s) * (1 + rng.normal(0, 0.005)) for r in range(RANKS)]
+                for m in range(machines)
+            ]
+        )
+        if sync:
+            step_time = work.max() + comm
+            t_sync += step_time
+            ends = np.full((machines, RANKS), t_sync)
+            true_s = step_time / (work.mean() + comm)
+        else:
+            clock += work + comm
+            ends = clock.copy()
+        for m in range(machines):
+            for r in range(RANKS):
+                took = step_time if sync else work[m, r] + comm
+                sample = {"train_step_seconds": took, "train_step_number": float(s + 1)}
+                if busy:
+                    sample["train_busy_seconds"] = work[m, r]
+                if collective:
+                    sample["nccl_collective_seconds"] = took - work[m, r]
+                if edit is not None:
+                    edit(m, r, s, sample)
+                sec = START + math.floor(ends[m, r])
+                pending.setdefault(sec, []).append((m, r, sample))
+        horizon = START + math.floor(ends.min())
+        for sec in sorted(k for k in pending if k < horizon):
+            for m, r, sample in pending.pop(sec):
+                window.add_samples(
+                    sec,
+                    f"m{m:02d}",
+                    [(k, f"rank{r}", v) for k, v in sample.items()],
+                    group=f"pp{m * stages // machines}" if stages > 1 else "",
+                )
+            alerts += detector.evaluate(window, sec)
+    return alerts, detector, true_s
+
+
+def named(alerts: list[Alert]) -> list[str]:
+    return [a.machine for a in alerts]
+
+
+def test_a_balanced_job_raises_nothing() -> None:
+    alerts, detector, _ = run_job(steps=300)
+    assert alerts == []
+    assert detector.live_slowdown == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_persistent_straggler_is_named_with_its_cost() -> None:
+    alerts, detector, true_s = run_job(
+        steps=300, factor=lambda m, r, s: 1.10 if (m == 6 and r == 2 and s >= 50) else 1.0
+    )
+    assert named(alerts) == ["m06"]
+    alert = alerts[0]
+    assert alert.kind is AlertKind.STRAGGLER and alert.devices == ("rank2",)
+    ev = alert.evidence
+    assert ev["verdict"] == "worker" and ev["straggler"] == "persistent"
+    assert ev["ratio"] == pytest.approx(1.10, abs=0.02)
+    # Named within 100 steps of its start, the step time measured in seconds of the stream.
+    assert alert.detected_ts - (START + 50 * 2.0 * 1.03) <= 100 * 2.1
+    # The job's live slowdown and the worker's share of it, against the simulated truth.
+    assert detector.live_slowdown == pytest.approx(true_s, rel=0.05)
+    assert ev["slowdown"] == pytest.approx(true_s, rel=0.05)
+    assert ev["share"] > 0.8  # the others' noise keeps some of the slowdown
+    assert ev["gpu_hours_lost_per_hour"] == pytest.approx(64 * (1 - 1 / true_s), rel=0.1)
+
+
+def test_a_transient_straggler_is_named_within_fifteen_steps() -> None:
+    alerts, _, _ = run_job(
+        steps=200, factor=lambda m, r, s: 2.0 if (m == 3 and 100 <= s < 125) else 1.0
+    )
+    assert named(alerts) == ["m03"]
+    assert alerts[0].evidence["straggler"] == "transient"
+    step_s = 2.0 * 0.7 * 2.0 + 0.6  # the slowed job's step
+    assert alerts[0].detected_ts <= START + 100 * 2.0 + 15 * step_s + 2
+
+
+def test_several_slow_workers_all_slow_for_the_whole_job_are_all_named() -> None:
+    slow = {1, 4, 7, 10, 13}
+
+    def factor(m: int, r: int, s: int) -> float:
+        if m == 4 and 120 <= s < 135:  # one of them briefly at normal speed
+            return 1.0
+        return 1.25 if m in slow else 1.0
+
+    alerts, _, _ = run_job(steps=300, factor=factor)
+    assert sorted(named(alerts)) == [f"m{m:02d}" for m in sorted(slow)]
+
+
+def test_everyone_slow_together_is_no_straggler() -> None:
+    alerts, detector, _ = run_job(steps=300, factor=lambda m, r, s: 1.5 if s >= 100 else 1.0)
+    assert alerts == []
+    assert detector.live_slowdown == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_stage_that_slows_down_is_one_stage_alert() -> None:
+    alerts, _, _ = run_job(
+        steps=300,
+        stages=4,
+        factor=lambda m, r, s: (1.2 if s >= 100 else 1.0) if 4 <= m < 8 else 1.0,
+    )
+    assert [(a.machine, a.evidence["verdict"]) for a in alerts] == [("pp1", "stage")]
+
+
+def test_a_stage_heavier_from_the_start_is_the_design_not_an_alert() -> None:
+    alerts, detector, _ = run_job(
+        steps=300, stages=4, factor=lambda m, r, s: 1.12 if m >= 12 else 1.0
+    )
+    assert alerts == []
+    assert detector.live_slowdown > 1.05
+
+
+def test_one_step_a_minute_is_still_followed() -> None:
+    alerts, _, _ = run_job(
+        machines=8, steps=120, step_s=60.0, factor=lambda m, r, s: 1.2 if m == 5 else 1.0
+    )
+    assert named(alerts) == ["m05"]
+
+
+def test_an_asynchronous_job_without_busy_time_uses_step_times() -> None:
+    alerts, _, _ = run_job(
+        steps=200,
+        sync=False,
+        busy=False,
+        collective=False,
+        factor=lambda m, r, s: 1.3 if m == 9 else 1.0,
+    )
+    assert named(alerts) == ["m09"]
+    assert alerts[0].metric == "train_step_seconds"
+    assert alerts[0].evidence["sync"] is False
+
+
+def test_without_busy_time_the_late_rank_is_the_one_others_wait_for() -> None:
+    alerts, _, _ = run_job(
+        steps=200, busy=False, factor=lambda m, r, s: 1.15 if (m == 2 and r == 1) else 1.0
+    )
+    assert named(alerts) == ["m02"]
+    assert alerts[0].metric == "nccl_collective_seconds" and alerts[0].devices == ("rank1",)
+
+
+def test_bad_step_times_are_skipped_and_counted_never_alerted() -> None:
+    def edit(m: int, r: int, s: int, sample: dict[str, float]) -> None:
+        if m == 5 and s % 7 == 0:
+            sample["train_busy_seconds"] = [0.0, -1.0, math.nan, math.inf, 1e6][s % 5]
+        if m == 8 and s == 60:  # a restore from checkpoint: a step 500 times the others
+            sample["train_busy_seconds"] *= 500
+
+    alerts, detector, _ = run_job(steps=200, edit=edit)
+    assert alerts == []
+    assert detector.stats.skipped >= 200 // 7
