@@ -329,9 +329,9 @@ class StragglerDetector:
         alerted = self._alerted[:n_m, :n_d]
         fire = flagged & ~alerted
         # One straggling machine, one alert: ranks that join its episode later join silently.
-        in_episode = alerted.any(axis=1)
-        alerted |= fire & in_episode[:, None]
-        fire &= ~in_episode[:, None]
+        in_episode: np.ndarray = np.asarray(alerted.any(axis=1))[:, None]
+        alerted |= fire & in_episode
+        fire &= ~in_episode
         for m in sorted(set(np.flatnonzero(fire.any(axis=1)).tolist()) - stage_machines):
             ranks = np.flatnonzero(fire[m])
             self._alerted[m, ranks] = True

@@ -25,6 +25,7 @@ SERVICE_METRICS = {
     "minder_job_machines",
     "minder_job_sampling_interval_seconds",
     "minder_membership_changes_total",
+    "minder_job_live_slowdown",
     # a polled metrics source, when configured (minder.service.prometheus_source.SourceMetrics)
     "minder_source_batches_total",
     "minder_source_errors_total",

@@ -92,6 +92,8 @@ class StateContext:
         ``(T, N, G)`` extra power factor.
     dead
         ``(T, N)`` the machine's training process is gone.
+    sync
+        The job trains synchronously (ranks wait for each other every step).
     """
 
     seconds: np.ndarray
@@ -100,6 +102,7 @@ class StateContext:
     hot: np.ndarray
     power_scale: np.ndarray
     dead: np.ndarray
+    sync: bool = True
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from collectors.sim.physics import (
     Phase,
     State,
 )
-from collectors.sim.plan import STREAM_CHUNK, JobPlan, event_second
+from collectors.sim.plan import STREAM_CHUNK, STREAM_RANK_NOISE, JobPlan, event_second
 from collectors.sim.signals import (
     SignalInputs,
     clean_signals,
@@ -35,6 +35,9 @@ from minder.core.metrics import METRICS, DeviceFamily, MetricKind
 from minder.core.records import EventKind
 
 CHUNK_S = 120
+OWN_NOISE_STREAM = frozenset({"train_busy_seconds", "train_step_number"})
+"""Metrics added after the others, whose noise is drawn from a stream of their own, so that
+emitting them leaves every other metric's values as they were."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
         hot=np.zeros((t_ext, n, g)),
         power_scale=np.ones((t_ext, n, g)),
         dead=np.zeros((t_ext, n), dtype=bool),
+        sync=spec.sync,
     )
     for injection in plan.injections:
         apply_states(injection, states)
@@ -124,6 +128,7 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
         rank_waits=states.state_map[out][..., Phase.WAIT] != State.COMPUTE,
         timeline=plan.timeline,
         n_nics=spec.nics_per_machine,
+        paces=plan.paces,
     )
     ctx = SignalContext(
         seconds=seconds,
@@ -142,8 +147,10 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
 
     layout = plan.layout
     values = np.empty((len(seconds), n, layout.n_series))
+    own_rng = plan.rng(STREAM_RANK_NOISE, index)
     for name in layout.metrics:
-        values[:, :, layout.slices[name]] = reported(name, ctx.values[name], rng, spec.noise)
+        noise_rng = own_rng if name in OWN_NOISE_STREAM else rng
+        values[:, :, layout.slices[name]] = reported(name, ctx.values[name], noise_rng, spec.noise)
     present = _present(plan, ctx, states.dead[out], rng)
     events = _events(plan, first, stop, ctx.silent, ctx.away)
     sent = np.asarray(present.any(axis=2))

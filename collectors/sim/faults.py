@@ -9,6 +9,10 @@ Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
   the whole job, and shows on its own machine in the device's counters;
 * silence (an unreachable machine, a rebooting switch, a restarting agent) means no batch at
   all;
+* a straggler (a slow worker, stage or group of machines) computes longer each step: in a
+  synchronous job the whole job's steps last as long as its compute plus the communication,
+  while its peers wait for it in the collective (their GPUs spin); in an asynchronous job only
+  its own steps are longer (``collectors/sim/timeline.py``, :class:`RankPace`);
 * a machine out of the job (a late joiner before it joins, a machine scaled down, restarting
   in a rolling restart, or at the job's end) sends no samples either; one that leaves cleanly
   sends a last batch with only a ``leave`` event (its agent's goodbye).
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from collectors.sim.contexts import Injection, PlannedEvent, SignalContext, StateContext
-from collectors.sim.kinds import MEMBERSHIP_CONFOUNDERS
+from collectors.sim.kinds import MEMBERSHIP_CONFOUNDERS, STRAGGLER_FAULTS
 from collectors.sim.physics import (
     THROTTLE_REASON_THERMAL,
     Phase,
@@ -30,7 +34,7 @@ from collectors.sim.physics import (
     pcie_bandwidth_ratio,
 )
 from collectors.sim.scenario import ConfounderType, FaultSpec, FaultType, JobSpec
-from collectors.sim.timeline import JobEffects
+from collectors.sim.timeline import JobEffects, RankSlowdown
 from minder.core.records import EventKind
 
 DEFAULT_XID = 119
@@ -95,6 +99,33 @@ def pcie_ratio(injection: Injection) -> float:
     return pcie_bandwidth_ratio(*pcie_link(injection))
 
 
+def slow_seconds(injection: Injection, seconds: np.ndarray) -> np.ndarray:
+    """True for the intervals ``[s, s+1)`` overlapping one of the injection's slow spans."""
+    out = np.zeros(seconds.shape, dtype=bool)
+    for start, end in injection.target.slow_spans:
+        out |= (seconds + 1 > start) & (seconds < end)
+    return out
+
+
+def straggler_slowdown(injection: Injection, job: JobSpec) -> float:
+    """The slowdown S a straggler causes while it is slow, from the job's nominal rhythm.
+
+    S is the step time observed over the step time had the slow ranks' compute been the mean
+    of every rank's (the balanced reference): with compute ``c`` and communication ``m`` of
+    the nominal step, ``factor`` f and a fraction ``k`` of the job's ranks slowed,
+    ``S = (c f + m) / (c (1 + k (f - 1)) + m)``. In a synchronous job that is the whole job's
+    slowdown; in an asynchronous one the slow ranks' own. 1.0 for other injections.
+    """
+    if injection.kind not in STRAGGLER_FAULTS:
+        return 1.0
+    target = injection.target
+    factor = injection.spec.factor_in_effect
+    share = len(target.machines) * len(target.ranks) / (job.machines * job.gpus_per_machine)
+    compute = job.step_time_s * (1.0 - job.comm_fraction)
+    comm = job.step_time_s * job.comm_fraction
+    return (compute * factor + comm) / (compute * (1.0 + share * (factor - 1.0)) + comm)
+
+
 def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> None:
     """Record the injection's effect on the whole job's rhythm."""
     start = injection.target.start_s
@@ -122,6 +153,17 @@ def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> 
             effects.data_waits.append((start, end, 2.0 * severity * job.step_time_s))
         case ConfounderType.EVAL_PHASE:
             effects.evals.append((start, end))
+        case kind if kind in STRAGGLER_FAULTS:
+            target = injection.target
+            factor = injection.spec.factor_in_effect
+            if job.sync:  # everyone waits for the slow ranks each step
+                effects.stretches.extend((s, e, factor) for s, e in target.slow_spans)
+            effects.rank_slowdowns.append(
+                RankSlowdown(target.machines, target.ranks, target.slow_spans, factor)
+            )
+        case ConfounderType.JOB_WIDE_SLOWDOWN:
+            factor = injection.spec.factor_in_effect
+            effects.compute_factors.extend((s, e, factor) for s, e in injection.target.slow_spans)
         case _:
             pass
 
@@ -151,6 +193,10 @@ def apply_states(injection: Injection, ctx: StateContext) -> None:
             gpus = list(range(ctx.power_scale.shape[2]))
             cells = _cells(injection.active(ctx.seconds), machines, gpus)
             ctx.power_scale[cells] *= 1.0 - 0.25 * min(injection.severity, 2.0)
+        case kind if kind in STRAGGLER_FAULTS and ctx.sync:
+            # The slow ranks compute through the time their peers wait for them (who spin).
+            cells = _cells(slow_seconds(injection, ctx.seconds), machines, target.ranks)
+            ctx.state_map[..., Phase.WAIT][cells] = State.COMPUTE
         case _:
             pass
 

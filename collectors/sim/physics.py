@@ -190,6 +190,8 @@ SAMPLE_MODELS: dict[str, SampleModel] = {
     "train_step_seconds": SampleModel(rel=0.002, resolution=1e-4),
     "nccl_collective_seconds": SampleModel(rel=0.01, resolution=1e-5),
     "nccl_busbw_bytes_per_second": SampleModel(rel=0.02, resolution=1e3),
+    "train_busy_seconds": SampleModel(rel=0.004, resolution=1e-4),
+    "train_step_number": SampleModel(),
 }
 """Every canonical metric the simulator can emit (all of docs/architecture.md §3.1)."""
 

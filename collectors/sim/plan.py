@@ -18,11 +18,14 @@ from collectors.sim.layout import Layout, build_layout
 from collectors.sim.physics import GPU_MEMORY_LAST_STAGE_B, MACHINE_SKEW_S, THERMAL_WINDOW_S
 from collectors.sim.scenario import FaultType, JobSpec, Scenario
 from collectors.sim.targets import resolve_confounder, resolve_fault
-from collectors.sim.timeline import JobEffects, Timeline, build_timeline
+from collectors.sim.timeline import JobEffects, RankPace, Timeline, build_paces, build_timeline
 
 STREAM_STATIC = 0
 STREAM_TIMELINE = 1
 STREAM_CHUNK = 2
+STREAM_RANK_NOISE = 3
+"""Noise of the straggler metrics (``train_busy_seconds``, ``train_step_number``): a stream of
+their own, so that emitting them changes no other metric's values."""
 _STREAM_FLAPS = 19
 POWER_SPREAD = 0.03
 TEMP_SPREAD_C = 3.0
@@ -54,6 +57,8 @@ class JobPlan:
         ``(N,)`` extra GPU memory (bytes) of the last PP stage.
     nic_of_gpu
         ``(G,)`` the NIC each GPU's RDMA traffic goes through (PCIe switch affinity).
+    paces
+        The steps of the ranks slowed by stragglers, one per set of ranks slowed alike.
     """
 
     index: int
@@ -71,6 +76,7 @@ class JobPlan:
     load: np.ndarray
     memory_extra: np.ndarray
     nic_of_gpu: np.ndarray
+    paces: tuple[RankPace, ...] = ()
 
     def rng(self, *purpose: int) -> np.random.Generator:
         """The random stream of ``purpose`` for this job."""
@@ -133,6 +139,7 @@ def _compile_job(
     end = scenario.duration_s + MACHINE_SKEW_S + 2.0
     timeline_rng = np.random.default_rng([scenario.seed, index, STREAM_TIMELINE])
     timeline = build_timeline(job, effects, begin, end, timeline_rng, job.noise)
+    paces = build_paces(timeline, effects, n, g, job.sync)
     events = [
         event
         for injection in injections
@@ -156,6 +163,7 @@ def _compile_job(
         load=load,
         memory_extra=memory_extra,
         nic_of_gpu=nic_of_gpu,
+        paces=paces,
     )
 
 

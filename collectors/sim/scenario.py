@@ -365,15 +365,14 @@ class FaultSpec(_Injection):
                 "expected one of them (a machine stands for its stage)"
             )
         machines = self.machines
+        if kind is FaultType.SLOW_GROUP and self.machine is not None:
+            raise ValueError(
+                f"slow_group takes machines (a count or a list), not machine {self.machine!r}"
+            )
         if machines is None:
             return
         if kind is not FaultType.SLOW_GROUP:
             raise ValueError(f"machines is for slow_group, not {kind.value}")
-        if self.machine is not None:
-            raise ValueError(
-                f"slow_group got both machine {self.machine!r} and machines {machines!r}: "
-                "expected machines only"
-            )
         if isinstance(machines, int) and machines < 2:
             raise ValueError(
                 f"machines is {machines}: expected a count >= 2 or a list (one slow machine "

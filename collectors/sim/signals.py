@@ -14,7 +14,7 @@ import numpy as np
 
 from collectors.sim import physics as ph
 from collectors.sim.physics import SAMPLE_MODELS, State
-from collectors.sim.timeline import Timeline
+from collectors.sim.timeline import Completed, RankPace, Timeline, step_seconds_of
 from minder.core.metrics import METRICS
 
 C = State.COMPUTE
@@ -39,6 +39,7 @@ class SignalInputs:
     rank_waits: np.ndarray  # (T, N, G) False for a rank the others wait for
     timeline: Timeline
     n_nics: int
+    paces: tuple[RankPace, ...] = ()  # ranks slowed by stragglers
 
 
 def gpu_power(
@@ -133,13 +134,67 @@ def _throttle_reasons(inputs: SignalInputs) -> np.ndarray:
     return np.where(idle > 0.5, float(ph.THROTTLE_REASON_IDLE), 0.0)
 
 
+def _per_rank(per_machine: np.ndarray, inputs: SignalInputs) -> np.ndarray:
+    """``(T, N)`` values as ``(T, N, G)``, one per rank."""
+    return np.ascontiguousarray(np.broadcast_to(per_machine[:, :, None], inputs.clock.shape))
+
+
+def _fill(out: np.ndarray, cells: np.ndarray, per_machine: np.ndarray) -> None:
+    """Set the ranks ``cells`` (``(N, G)``) of ``out`` to their machine's ``(T, N)`` value."""
+    machines, ranks = np.nonzero(cells)
+    out[:, machines, ranks] = per_machine[:, machines]
+
+
 def _step_seconds(inputs: SignalInputs) -> np.ndarray:
     step = inputs.timeline.step_seconds(inputs.sample_end)
-    return np.ascontiguousarray(np.broadcast_to(step[:, :, None], inputs.clock.shape))
+    out = _per_rank(step, inputs)
+    for pace in inputs.paces:
+        if not pace.shared:  # asynchronous: the slow ranks' own, longer steps
+            nominal = inputs.timeline.nominal_step_s
+            own = step_seconds_of(pace.start, pace.end, nominal, inputs.sample_end)
+            _fill(out, pace.cells, own)
+    return out
+
+
+def _busy_seconds(inputs: SignalInputs) -> np.ndarray:
+    """Mean busy time of the steps completed in each interval (held when none was): compute,
+    and for a rank the others wait for (a hot GPU) its time in the wait phase too."""
+    timeline, t = inputs.timeline, inputs.sample_end
+    completed = Completed(timeline.it_end)
+    compute = completed.interval_mean(timeline.it_compute, t)
+    through_wait = completed.interval_mean(timeline.it_compute + timeline.it_wait, t)
+    out = np.where(inputs.rank_waits, compute[:, :, None], through_wait[:, :, None])
+    for pace in inputs.paces:
+        _fill(out, pace.cells, pace.completed.interval_mean(pace.busy, t))
+    return out
+
+
+def _step_number(inputs: SignalInputs) -> np.ndarray:
+    """Index of the last step completed, counted from the job's first (before the scenario)."""
+    t = inputs.sample_end
+    number = np.maximum(Completed(inputs.timeline.it_end).count(t) - 1, 0).astype(np.float64)
+    out = _per_rank(number, inputs)
+    for pace in inputs.paces:
+        if not pace.shared:  # asynchronous: the slow ranks fall behind
+            own = np.maximum(pace.completed.count(t) - 1, 0).astype(np.float64)
+            _fill(out, pace.cells, own)
+    return out
 
 
 def _collective_seconds(inputs: SignalInputs) -> np.ndarray:
-    return inputs.timeline.collective_seconds(inputs.sample_end[:, :, None], inputs.rank_waits)
+    timeline, t = inputs.timeline, inputs.sample_end
+    out = timeline.collective_seconds(t[:, :, None], inputs.rank_waits)
+    for pace in inputs.paces:
+        if pace.shared:
+            # The job's collective with its wait, less the part of the wait this rank spent
+            # computing (all of it for the slowest rank).
+            completed = pace.completed
+            with_wait = timeline.collective_seconds(t, np.ones(t.shape, dtype=bool))
+            extra = completed.last(pace.busy - timeline.it_compute, t)
+            _fill(out, pace.cells, np.maximum(with_wait - extra, 0.0))
+        else:
+            _fill(out, pace.cells, pace.completed.last(pace.collective, t))
+    return out
 
 
 def _busbw(inputs: SignalInputs) -> np.ndarray:
@@ -188,6 +243,8 @@ CLEAN: dict[str, Callable[[SignalInputs], np.ndarray]] = {
     "train_step_seconds": _step_seconds,
     "nccl_collective_seconds": _collective_seconds,
     "nccl_busbw_bytes_per_second": _busbw,
+    "train_busy_seconds": _busy_seconds,
+    "train_step_number": _step_number,
 }
 """Metric → its clean values, (T, N, devices); host metrics (T, N, 1)."""
 

@@ -5,10 +5,15 @@ job, step by step (a few hundred steps an hour), and then read vectorised: the t
 spent in each phase during any one-second interval is a difference of the phase's cumulative
 time, a piecewise-linear function of time (``np.interp``), so a 1 Hz sample is the average over
 its interval, as DCGM reports it, with phases partly overlapping seconds.
+
+Ranks slowed by a straggler injection get a :class:`RankPace` of their own: in a synchronous job
+their steps are the job's (the job waits for the slowest) with a longer busy time and a shorter
+wait in the collective; in an asynchronous one they run their own, longer steps and fall behind.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -39,6 +44,11 @@ class JobEffects:
         ``(start, end, seconds)``: every step first waits this long for input data.
     evals
         ``(start, end)``: evaluation: short steps with little communication.
+    compute_factors
+        ``(start, end, factor)``: every rank's compute takes ``factor`` times longer.
+    rank_slowdowns
+        Ranks whose compute is slower than their peers' (stragglers); in a synchronous job each
+        of their slow spans is a stretch too.
     """
 
     stalls: list[tuple[float, float]] = field(default_factory=list)
@@ -46,6 +56,8 @@ class JobEffects:
     stretches: list[tuple[float, float, float]] = field(default_factory=list)
     data_waits: list[tuple[float, float, float]] = field(default_factory=list)
     evals: list[tuple[float, float]] = field(default_factory=list)
+    compute_factors: list[tuple[float, float, float]] = field(default_factory=list)
+    rank_slowdowns: list[RankSlowdown] = field(default_factory=list)
 
     def comm_factor_at(self, t: np.ndarray) -> np.ndarray:
         """Product of the communication slow-downs active at times ``t``."""
@@ -61,8 +73,9 @@ class JobEffects:
             out |= (t >= start) & (t < end)
         return out
 
-    def conditions_at(self, t: float) -> tuple[float, float, float, bool]:
-        """Communication factor, compute stretch, data wait and evaluation at time ``t``."""
+    def conditions_at(self, t: float) -> tuple[float, float, float, bool, float]:
+        """Communication factor, compute stretch, data wait, evaluation and compute factor at
+        time ``t``."""
         comm = 1.0
         for start, end, factor in self.comm_factors:
             if start <= t < end:
@@ -70,7 +83,11 @@ class JobEffects:
         stretch = max((f for s, e, f in self.stretches if s <= t < e), default=1.0)
         data_wait = sum(w for s, e, w in self.data_waits if s <= t < e)
         evaluating = any(s <= t < e for s, e in self.evals)
-        return comm, stretch, data_wait, evaluating
+        compute = 1.0
+        for start, end, factor in self.compute_factors:
+            if start <= t < end:
+                compute *= factor
+        return comm, stretch, data_wait, evaluating, compute
 
     def merged_stalls(self) -> list[tuple[float, float]]:
         """Stall intervals sorted and merged where they overlap."""
@@ -81,6 +98,26 @@ class JobEffects:
             else:
                 out.append((start, end))
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class RankSlowdown:
+    """Ranks whose compute takes ``factor`` times longer during ``spans``.
+
+    Attributes
+    ----------
+    machines, ranks
+        Machine indices, and the local ranks slowed on each of them.
+    spans
+        ``(start, end)`` in which they are slow (``end`` may be ``inf``).
+    factor
+        How many times longer their compute (busy time) takes.
+    """
+
+    machines: tuple[int, ...]
+    ranks: tuple[int, ...]
+    spans: tuple[tuple[float, float], ...]
+    factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +174,7 @@ class Timeline:
     def step_seconds(self, t: np.ndarray) -> np.ndarray:
         """What a step probe reports at ``t``: the last step's duration, or the running step's
         elapsed time once that is longer (so a hung job shows a growing step time)."""
-        j, done = self._current(t)
-        duration = self.it_end - self.it_start
-        last_done = _forward_fill_previous(duration, self.nominal_step_s)
-        running = np.maximum(last_done[j], t - self.it_start[j])
-        return np.where(done, duration[j], running)
+        return step_seconds_of(self.it_start, self.it_end, self.nominal_step_s, t)
 
     def collective_seconds(self, t: np.ndarray, waits: np.ndarray) -> np.ndarray:
         """Mean collective time of the last step at ``t``.
@@ -164,13 +197,165 @@ class Timeline:
         return np.where(done, finished, running)
 
 
+def step_seconds_of(
+    starts: np.ndarray, ends: np.ndarray, nominal_s: float, t: np.ndarray
+) -> np.ndarray:
+    """The last step's duration at ``t`` of steps ``starts``/``ends`` (``inf``: never ended),
+    or the running step's elapsed time once that is longer."""
+    j = np.clip(np.searchsorted(starts, t, side="right") - 1, 0, None)
+    done = ends[j] <= t
+    duration = ends - starts
+    last_done = _forward_fill_previous(duration, nominal_s)
+    running = np.maximum(last_done[j], t - starts[j])
+    return np.where(done, duration[j], running)
+
+
+class Completed:
+    """The completed ones of a sequence of steps, to read per-step values at sample times.
+
+    Parameters
+    ----------
+    ends
+        ``(J,)`` completion time of each step, ``inf`` for a step that never completed; the
+        finite ones increase.
+    """
+
+    def __init__(self, ends: np.ndarray) -> None:
+        self.index = np.flatnonzero(np.isfinite(ends))
+        self.ends = ends[self.index]
+
+    def count(self, t: np.ndarray) -> np.ndarray:
+        """Steps completed by ``t`` (any shape)."""
+        return np.searchsorted(self.ends, t, side="right")
+
+    def last(self, values: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """``values`` of the last step completed by ``t`` (of the first when none is)."""
+        done = self.index[np.clip(self.count(t) - 1, 0, None)]
+        return values[done]
+
+    def interval_mean(self, values: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Mean of ``values`` over the steps completed in ``(t - 1, t]``, or the last value
+        before when none did (a gauge holds it)."""
+        cumulative = np.concatenate(([0.0], np.cumsum(values[self.index])))
+        hi = self.count(t)
+        lo = self.count(t - 1.0)
+        held = self.last(values, t)
+        steps = hi - lo
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = (cumulative[hi] - cumulative[lo]) / steps
+        return np.where(steps > 0, mean, held)
+
+
+@dataclass(frozen=True, slots=True)
+class RankPace:
+    """The steps of some ranks slowed alike (one or several overlapping slowdowns).
+
+    Attributes
+    ----------
+    cells
+        ``(N, G)`` the ranks (machine, local rank).
+    shared
+        Synchronous job: their steps start and end with the job's; else their own.
+    start, end
+        ``(J,)`` when they start and complete each step (``inf``: never).
+    busy
+        ``(J,)`` their busy time (compute) of each step.
+    collective
+        ``(J,)`` their time in blocking collectives of each step (``inf`` for a step never
+        completed).
+    """
+
+    cells: np.ndarray
+    shared: bool
+    start: np.ndarray
+    end: np.ndarray
+    busy: np.ndarray
+    collective: np.ndarray
+
+    @property
+    def completed(self) -> Completed:
+        """Their completed steps."""
+        return Completed(self.end)
+
+
+def build_paces(
+    timeline: Timeline, effects: JobEffects, machines: int, gpus: int, sync: bool
+) -> tuple[RankPace, ...]:
+    """A :class:`RankPace` for each set of ranks hit by the same ``effects.rank_slowdowns``.
+
+    A rank's compute factor at a time is the largest of the slowdowns acting on it then. In a
+    synchronous job (``sync``) the timeline's steps already last as long as the slowest rank's
+    compute (the slow spans are stretches): each slowed rank's step is the job's, its busy time
+    its own compute, its collective the rest of the step. Otherwise each slowed rank's step
+    ``j`` takes its extra compute longer than the job's and starts when its previous one ended
+    (as many seconds behind the job as it lost so far), so its step numbers fall behind.
+    """
+    slowdowns = effects.rank_slowdowns
+    if not slowdowns:
+        return ()
+    masks = np.zeros((len(slowdowns), machines, gpus), dtype=bool)
+    for k, slowdown in enumerate(slowdowns):
+        masks[k][np.ix_(list(slowdown.machines), list(slowdown.ranks))] = True
+    keys = masks.reshape(len(slowdowns), -1).T
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    paces = []
+    for u, key in enumerate(unique):
+        if not key.any():
+            continue
+        cells = (inverse == u).reshape(machines, gpus)
+        edges, factors = _piecewise([slowdowns[k] for k in np.flatnonzero(key)])
+        paces.append(_pace(timeline, cells, edges, factors, sync))
+    return tuple(paces)
+
+
+def _piecewise(slowdowns: list[RankSlowdown]) -> tuple[np.ndarray, np.ndarray]:
+    """``(edges, factors)``: the compute factor is ``factors[searchsorted(edges, t, 'right')]``
+    (1 before the first edge), the largest factor of the spans holding ``t``."""
+    edges = np.array(sorted({x for sd in slowdowns for span in sd.spans for x in span}))
+    factors = np.ones(len(edges) + 1)
+    for k in range(len(edges)):
+        t = edges[k]
+        active = [sd.factor for sd in slowdowns for s, e in sd.spans if s <= t < e]
+        factors[k + 1] = max(active, default=1.0)
+    return edges, factors
+
+
+def _pace(
+    timeline: Timeline, cells: np.ndarray, edges: np.ndarray, factors: np.ndarray, sync: bool
+) -> RankPace:
+    compute = timeline.it_compute
+    if sync:
+        factor = factors[np.searchsorted(edges, timeline.it_start, side="right")]
+        busy = compute * factor
+        start, end = timeline.it_start, timeline.it_end
+        complete = np.isfinite(end)
+        collective = np.where(complete, end - start - busy, np.inf)
+        return RankPace(cells, True, start, end, busy, np.maximum(collective, 0.0))
+    edge_list, factor_list = edges.tolist(), factors.tolist()
+    starts: list[float] = []
+    busies: list[float] = []
+    lag = 0.0
+    # Sequential: whether a step is slow depends on when this rank, behind the job, starts it.
+    for begin, own in zip(timeline.it_start.tolist(), compute.tolist(), strict=True):
+        at = begin + lag
+        took = own * factor_list[bisect.bisect_right(edge_list, at)]
+        starts.append(at)
+        busies.append(took)
+        lag += took - own
+    start, busy = np.asarray(starts), np.asarray(busies)
+    end = timeline.it_end + (start - timeline.it_start) + (busy - compute)
+    collective = np.where(np.isfinite(end), timeline.it_comm + timeline.it_wait, np.inf)
+    return RankPace(cells, False, start, end, busy, collective)
+
+
 class _Conditions:
     """``JobEffects.conditions_at``, recomputed only when ``t`` crosses an effect boundary."""
 
     def __init__(self, effects: JobEffects) -> None:
         self._effects = effects
         edges = {s for s, _, _ in effects.comm_factors} | {e for _, e, _ in effects.comm_factors}
-        for start, end, _ in effects.stretches + effects.data_waits:
+        for start, end, _ in effects.stretches + effects.data_waits + effects.compute_factors:
             edges |= {start, end}
         for start, end in effects.evals:
             edges |= {start, end}
@@ -178,7 +363,7 @@ class _Conditions:
         self._span = (np.inf, -np.inf)
         self._value = effects.conditions_at(0.0)
 
-    def at(self, t: float) -> tuple[float, float, float, bool]:
+    def at(self, t: float) -> tuple[float, float, float, bool, float]:
         lo, hi = self._span
         if not lo <= t < hi:
             i = int(np.searchsorted(self._edges, t, side="right"))
@@ -267,11 +452,13 @@ def build_timeline(
             while next_checkpoint <= t:
                 next_checkpoint += every if every is not None else math.inf
             continue
-        comm_factor, stretch, data_wait, evaluating = conditions.at(t)
+        comm_factor, stretch, data_wait, evaluating, compute_factor = conditions.at(t)
         step = job.step_time_s * (EVAL_STEP_FACTOR if evaluating else 1.0)
         comm_fraction = EVAL_COMM_FRACTION if evaluating else job.comm_fraction
         draws = jitter.next()
         compute = step * (1.0 - comm_fraction) * max(draws[0], 0.5)
+        if compute_factor != 1.0:
+            compute *= compute_factor
         wait = compute * (stretch - 1.0) + data_wait
         comm = step * comm_fraction * comm_factor * max(draws[1], 0.5)
         starts.append(t)

@@ -277,12 +277,14 @@ class DetectionService:
             if sec - self._last_persist.get(window.job, NEVER) >= self.persist_every_s:
                 self._persist(state, sec)
         if start <= watermark:
-            self._membership(window)
+            self._job_state(state)
         return out
 
-    def _membership(self, window: JobWindow) -> None:
+    def _job_state(self, state: JobState) -> None:
         """Log and count the job's membership changes (machines that joined or left: not
-        faults), and export how many machines are in it and the interval it is sampled at."""
+        faults); export how many machines are in it, the interval it is sampled at and its
+        live slowdown."""
+        window = state.window
         for change in window.take_membership():
             self.metrics.membership_changes.labels(change=change.change).inc()
             names = ", ".join(name[:64] for name in change.machines[:8])
@@ -298,6 +300,9 @@ class DetectionService:
         self.metrics.job_machines.labels(window.job).set(int(window.active().sum()))
         if window.cadence_known:
             self.metrics.job_interval.labels(window.job).set(window.tick_s)
+        slowdown = getattr(state.detector, "live_slowdown", None)
+        if slowdown is not None:
+            self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
 
     def _load_open_alerts(self, job: str) -> None:
         """What the store knows is open for ``job``: no second alert for those machines."""

@@ -128,6 +128,13 @@ class ServiceMetrics:
             ["change"],
             registry=r,
         )
+        self.job_slowdown = Gauge(
+            "minder_job_live_slowdown",
+            "The job's live slowdown S from its step and busy times: observed step time over "
+            "the balanced step time (1 = no straggler)",
+            [JOB_LABEL],
+            registry=r,
+        )
         self.job_interval = Gauge(
             "minder_job_sampling_interval_seconds",
             "Sampling interval the job's detection follows (learnt from its data)",
@@ -179,6 +186,7 @@ class ServiceMetrics:
         gauges = (
             self.job_machines,
             self.job_interval,
+            self.job_slowdown,
             self.job_last_sample,
             self.job_last_evaluation,
         )
