@@ -52,7 +52,9 @@ class FaultType(StrEnum):
     the largest ``train_busy_seconds`` and the shortest ``nccl_collective_seconds``, every rank
     the same longer ``train_step_seconds``, and the healthy ranks' GPUs spin a little longer
     each step (utilisation and power dip mildly). In an asynchronous job (``sync: false``) only
-    the slow ranks' own steps take longer and their ``train_step_number`` falls behind.
+    the slow ranks' own steps take longer and their ``train_step_number`` falls behind (their
+    GPU and host signals keep the job's rhythm: the simulator has one phase timeline per job).
+    The other faults keep their job-wide effects in an asynchronous job.
 
     ``slow_worker``
         One machine's ranks (``device``: ``rankN``, a list of them or ``all``, the default)

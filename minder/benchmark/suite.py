@@ -30,6 +30,15 @@ Suites
     ``standard`` plus faulty jobs of 1024 and 2048 machines and fault-free runs (with membership
     confounders) that total over 1000 machine-hours, so that false alarms per 1000
     machine-hours is measured, not guessed.
+``stragglers``
+    36 jobs of 16-256 machines for straggler detection (:func:`_stragglers`), with the per-rank
+    signals (:data:`STRAGGLER_SUITE_METRICS`) and step times from 0.3 s to 60 s (a few steps a
+    second to one a minute): persistent slow workers (5-50 % slower, for 50 steps or more),
+    transient 2x workers (10-40 steps), slow pipeline stages, flapping workers and groups of
+    slow workers, in synchronous and some asynchronous jobs; and fault-free jobs with a
+    job-wide slowdown (everyone slower is no straggler) or the usual confounders (checkpoints,
+    evaluation phases, blips, agent restarts, membership changes). Each straggler's label
+    carries the slowdown S it causes (``slowdown``, :func:`collectors.sim.scenario_labels`).
 """
 
 from __future__ import annotations
@@ -43,8 +52,9 @@ from typing import Any
 import numpy as np
 
 from collectors.sim import FaultType, Scenario
+from collectors.sim.scenario import STRAGGLER_METRICS
 
-SUITES: tuple[str, ...] = ("quick", "standard", "full")
+SUITES: tuple[str, ...] = ("quick", "standard", "full", "stragglers")
 
 TABLE1_SHARES: dict[FaultType, float] = {
     FaultType.ECC_ERROR: 38.9,
@@ -73,8 +83,13 @@ FAIL_STOP: frozenset[str] = frozenset(
     }
 )
 """Faults that stop the job (or a link) at once."""
-FAIL_SLOW: frozenset[str] = frozenset(
-    {"pcie_downgrade", "nvlink_error", "aoc_error", "hdfs_error", "thermal_throttle"}
+STRAGGLERS: frozenset[str] = frozenset(
+    {"slow_worker", "transient_straggler", "slow_stage", "flapping_worker", "slow_group"}
+)
+"""Straggler faults: some ranks compute slower than their peers (the ``stragglers`` suite)."""
+FAIL_SLOW: frozenset[str] = (
+    frozenset({"pcie_downgrade", "nvlink_error", "aoc_error", "hdfs_error", "thermal_throttle"})
+    | STRAGGLERS
 )
 """Faults that only slow the job down."""
 
@@ -88,7 +103,7 @@ WARM_UP_S = 120
 _STANDARD_FAULTS = 60
 _STANDARD_SIZES = (8, 16, 16, 32, 32, 64, 64, 128, 128, 256, 512)
 """Sizes of the faulty jobs of ``standard``, cycled then shuffled (more small jobs than big)."""
-_STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3}
+_STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3, "stragglers": 6}
 """``full`` shares ``standard``'s stream, so its first cases are exactly ``standard``'s."""
 _FULL_STREAM = 4
 _MEMBERSHIP_STREAM = 5
@@ -178,10 +193,13 @@ def build_suite(name: str = "standard", seed: int = 0, interval_s: int = 1) -> l
         raise ValueError(
             f"seed={seed!r}, interval_s={interval_s!r}: expected seed >= 0 and interval_s >= 1"
         )
-    builder = _Builder(seed, _STREAMS[name], prefix="q" if name == "quick" else "s")
+    prefix = {"quick": "q", "stragglers": "st"}.get(name, "s")
+    builder = _Builder(seed, _STREAMS[name], prefix=prefix)
     builder.min_post_s = POST_SAMPLES * interval_s
     if name == "quick":
         return _quick(builder)
+    if name == "stragglers":
+        return _stragglers(builder)
     cases = _standard(builder)
     if name == "full":
         extra = _Builder(seed, _FULL_STREAM, prefix="f")
@@ -274,6 +292,92 @@ def _full_extra(b: _Builder) -> list[BenchCase]:
         b.fault_free(1024, 1800, pp_stages=4, membership=("rolling_restart", "scale_down_goodbye"))
     )
     cases.append(b.fault_free(2048, 1800, pp_stages=8, membership=("late_join", "job_end_goodbye")))
+    return cases
+
+
+STRAGGLER_SUITE_METRICS: tuple[str, ...] = (
+    *STRAGGLER_METRICS,
+    "gpu_util_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_power_watts",
+    "gpu_sm_clock_hertz",
+    "gpu_throttle_reasons",
+    "gpu_xid_count",
+    "rdma_tx_bytes_per_second",
+    "rdma_port_up",
+    "cpu_util_ratio",
+    "net_rx_bytes_per_second",
+)
+"""What the jobs of the ``stragglers`` suite emit: the per-rank signals and the node signals a
+straggler shows in (or hides behind); fewer than the other suites, so that an hour of a
+256-machine job stays cheap to simulate and replay."""
+
+RHYTHMS: dict[str, tuple[float, float]] = {
+    "fast": (0.3, 1.0),
+    "medium": (1.0, 6.0),
+    "slow": (6.0, 20.0),
+    "very_slow": (20.0, 60.0),
+}
+"""Step-time ranges (seconds) of the ``stragglers`` suite's jobs, drawn log-uniformly."""
+MIN_SLOW_STEPS = 50
+"""A persistent straggler of the ``stragglers`` suite runs at least this many (slow) steps."""
+
+_StragglerCase = tuple[str, int, str, bool, dict[str, Any]]
+"""``(kind, machines, rhythm, sync, options)`` of one case of :func:`_stragglers`."""
+_STRAGGLER_CASES: tuple[_StragglerCase, ...] = (
+    # persistent slow workers: every rank of a machine, or one or a few of its ranks
+    ("slow_worker", 16, "very_slow", True, {}),
+    ("slow_worker", 32, "slow", True, {}),
+    ("slow_worker", 64, "medium", True, {}),
+    ("slow_worker", 128, "fast", True, {}),
+    ("slow_worker", 256, "fast", True, {}),
+    ("slow_worker", 64, "medium", False, {}),
+    ("slow_worker", 32, "slow", False, {}),
+    ("slow_worker", 16, "medium", True, {"ranks": 1}),
+    ("slow_worker", 128, "medium", True, {"ranks": 2}),
+    ("slow_worker", 256, "medium", False, {}),
+    # transient 2x workers, 10-40 steps
+    ("transient_straggler", 16, "fast", True, {}),
+    ("transient_straggler", 32, "medium", True, {}),
+    ("transient_straggler", 64, "slow", True, {}),
+    ("transient_straggler", 128, "fast", False, {}),
+    ("transient_straggler", 256, "medium", True, {}),
+    ("transient_straggler", 32, "very_slow", True, {}),
+    # a slow pipeline stage (synchronous: a pipeline waits for its stages)
+    ("slow_stage", 32, "medium", True, {"pp_stages": 2}),
+    ("slow_stage", 64, "fast", True, {"pp_stages": 4}),
+    ("slow_stage", 128, "slow", True, {"pp_stages": 4}),
+    ("slow_stage", 256, "fast", True, {"pp_stages": 8}),
+    # flapping workers
+    ("flapping_worker", 16, "medium", True, {}),
+    ("flapping_worker", 64, "fast", True, {}),
+    ("flapping_worker", 128, "medium", False, {}),
+    ("flapping_worker", 32, "slow", True, {}),
+    # several slow workers at once
+    ("slow_group", 32, "fast", True, {}),
+    ("slow_group", 64, "medium", True, {}),
+    ("slow_group", 128, "slow", True, {}),
+    ("slow_group", 256, "medium", False, {}),
+    # no fault: everyone slower, or only the usual confounders (membership changes included)
+    ("job_wide_slowdown", 16, "very_slow", True, {}),
+    ("job_wide_slowdown", 64, "medium", False, {"membership": ("late_join", "rolling_restart")}),
+    ("job_wide_slowdown", 128, "fast", True, {"membership": ("scale_down_silent",)}),
+    ("job_wide_slowdown", 256, "medium", True, {}),
+    ("fault_free", 32, "slow", True, {"membership": ("job_end_goodbye",)}),
+    ("fault_free", 64, "fast", False, {}),
+    ("fault_free", 128, "medium", True, {"membership": ("scale_down_goodbye",)}),
+    ("fault_free", 256, "fast", True, {"membership": ("job_end_silent",)}),
+)
+
+
+def _stragglers(b: _Builder) -> list[BenchCase]:
+    cases = []
+    for kind, machines, rhythm, sync, options in _STRAGGLER_CASES:
+        if kind in STRAGGLERS:
+            cases.append(b.straggler(kind, machines, rhythm, sync, **options))
+        else:
+            slowdown = kind == "job_wide_slowdown"
+            cases.append(b.straggler_free(machines, rhythm, sync, slowdown=slowdown, **options))
     return cases
 
 
@@ -442,6 +546,165 @@ class _Builder:
         kinds = sorted({c["type"] for c in confounders} - {entry["type"] for entry, _ in moves})
         text = f"pp{job['pp_stages']}, checkpoints, {', '.join([*kinds, *(t for _, t in moves)])}"
         return BenchCase(name, scenario, None, machines, duration_s, True, text)
+
+    def _straggler_job(
+        self, name: str, machines: int, rhythm: str, sync: bool, pp_stages: int | None = None
+    ) -> dict[str, Any]:
+        """A job of the ``stragglers`` suite: a step time drawn log-uniformly in the range of
+        ``rhythm`` (:data:`RHYTHMS`), its noise, layout and checkpoints drawn as by
+        :meth:`_job`, the straggler metrics."""
+        rng = self.rng
+        low, high = RHYTHMS[rhythm]
+        step = round(math.exp(self._u(math.log(low), math.log(high))), 2)
+        if pp_stages is None:
+            choices = [p for p in (1, 1, 2, 4) if machines // p >= 4]
+            pp_stages = int(rng.choice(choices))
+        job: dict[str, Any] = {
+            "name": name,
+            "machines": machines,
+            "pp_stages": pp_stages,
+            "last_stage_extra_load": round(self._u(0.05, 0.15), 3),
+            "machines_per_domain": max(4, min(16, machines // 4)),
+            "step_time_s": step,
+            "comm_fraction": round(self._u(0.15, 0.4), 3),
+            "noise": round(self._u(0.8, 1.3), 2),
+            "missing_rate": float(rng.choice([0.0, 0.001, 0.005])),
+            "late_rate": float(rng.choice([0.0, 0.001, 0.005])),
+            "duplicate_rate": float(rng.choice([0.0, 0.0, 0.0005])),
+            "metrics": list(STRAGGLER_SUITE_METRICS),
+            "sync": sync,
+        }
+        if rng.random() < 0.5:
+            self._checkpoints(job)
+        return job
+
+    def _checkpoints(self, job: dict[str, Any]) -> None:
+        """Checkpoints every 5-15 minutes (and at least every 10 steps), 15-40 s long."""
+        every = float(self.rng.choice([300.0, 600.0, 900.0]))
+        job["checkpoint_every_s"] = max(every, round(10 * job["step_time_s"], 1))
+        job["checkpoint_duration_s"] = round(self._u(15.0, 40.0), 1)
+
+    def _onset(self, step_s: float) -> float:
+        """A straggler's start: after the warm-up and at least 10 steps, within 5 more."""
+        settled = max(float(WARM_UP_S), 10 * step_s)
+        return round(settled + self._u(0.0, max(60.0, 5 * step_s)), 1)
+
+    def straggler(
+        self,
+        kind: str,
+        machines: int,
+        rhythm: str,
+        sync: bool,
+        *,
+        ranks: int | None = None,
+        pp_stages: int | None = None,
+    ) -> BenchCase:
+        """One job of ``machines`` with one straggler fault ``kind`` (of :data:`STRAGGLERS`);
+        ``ranks``: a ``slow_worker`` of that many of its machine's ranks, not all of them."""
+        if kind not in STRAGGLERS:
+            raise ValueError(f"straggler kind {kind!r}: expected one of {sorted(STRAGGLERS)}")
+        rng = self.rng
+        name = self._name(kind, machines)
+        job = self._straggler_job(name, machines, rhythm, sync, pp_stages)
+        step, comm = job["step_time_s"], job["comm_fraction"]
+        start = self._onset(step)
+        fault: dict[str, Any] = {"type": kind, "start_s": start}
+        if kind == "transient_straggler":
+            factor = 2.0
+            steps = int(rng.integers(10, 41))
+            fault["duration_s"] = round(steps * step, 1)
+            post = fault["duration_s"] + max(240.0, 10 * step)
+            what = f"2x for {steps} steps"
+        else:
+            low, high = {"slow_stage": (1.1, 1.4), "flapping_worker": (1.2, 1.6)}.get(
+                kind, (1.05, 1.5)
+            )
+            if kind == "slow_worker":  # log-uniform: the mild ones, the hard ones, are many
+                factor = round(math.exp(self._u(math.log(low), math.log(high))), 3)
+            else:
+                factor = round(self._u(low, high), 3)
+            slow_step = step * ((1.0 - comm) * factor + comm)
+            post = max(360.0, (MIN_SLOW_STEPS + 2) * slow_step)
+            what = f"x{factor}"
+        fault["factor"] = factor
+        if kind == "slow_stage":
+            fault["stage"] = int(rng.integers(job["pp_stages"]))
+            what += f" on stage pp{fault['stage']} of {job['pp_stages']}"
+        elif kind == "slow_group":
+            count = int(rng.integers(2, min(6, machines // 4) + 1))
+            fault["machines"] = count
+            what += f" on {count} machines"
+        else:
+            fault["machine"] = int(rng.integers(machines))
+            what += f" on machine {fault['machine']}"
+        if kind == "flapping_worker":
+            period = round(max(float(rng.integers(5, 16)) * step, 20.0), 1)
+            fault["period_s"] = period
+            post = max(post, 6 * period)  # three slow turns at least
+            what += f", {period:.0f} s slow / {period:.0f} s normal"
+        if ranks is not None:
+            picked = sorted(int(r) for r in rng.choice(8, size=ranks, replace=False))
+            fault["device"] = [f"rank{r}" for r in picked]
+            what += f" ({'+'.join(fault['device'])})"
+        duration = 60 * math.ceil((start + max(post, self.min_post_s)) / 60)
+        confounders = self._confounders(
+            machines, duration, blips=int(rng.integers(0, 3)), restarts=int(rng.integers(0, 2))
+        )
+        scenario = self._scenario(job, duration, faults=[fault], confounders=confounders)
+        mode = "sync" if sync else "async"
+        text = f"{what}, {mode}, step {step:g} s, pp{job['pp_stages']}, start {start:.0f} s"
+        return BenchCase(name, scenario, kind, machines, duration, False, text)
+
+    def straggler_free(
+        self,
+        machines: int,
+        rhythm: str,
+        sync: bool,
+        *,
+        slowdown: bool,
+        membership: tuple[str, ...] = (),
+    ) -> BenchCase:
+        """A ``stragglers`` job with no fault: checkpoints, blips, agent restarts, an evaluation
+        phase, the ``membership`` confounders named, and with ``slowdown`` a job-wide slowdown
+        (every rank slower alike, no straggler) for a while or to the end."""
+        rng = self.rng
+        name = self._name("job_wide_slowdown" if slowdown else "fault_free", machines)
+        job = self._straggler_job(name, machines, rhythm, sync)
+        self._checkpoints(job)
+        job["missing_rate"] = float(rng.choice([0.001, 0.005, 0.01]))
+        job["late_rate"] = float(rng.choice([0.001, 0.005]))
+        step = job["step_time_s"]
+        duration = 60 * math.ceil(max(1200.0, 100 * step) / 60)
+        minutes = duration / 60
+        confounders = self._confounders(
+            machines,
+            duration,
+            blips=max(2, round(minutes / 4)),
+            restarts=max(1, round(minutes / 8)),
+        )
+        length = float(rng.integers(60, 181))
+        start = float(rng.integers(WARM_UP_S, duration - int(length)))
+        confounders.append({"type": "eval_phase", "start_s": start, "duration_s": length})
+        kinds = ["blip", "agent_restart", "eval_phase"]
+        if slowdown:
+            factor = round(self._u(1.1, 1.5), 3)
+            entry: dict[str, Any] = {
+                "type": "job_wide_slowdown",
+                "factor": factor,
+                "start_s": self._onset(step),
+            }
+            if rng.random() < 0.5:
+                entry["duration_s"] = float(rng.integers(300, 901))
+            confounders.append(entry)
+            kinds.append(f"job_wide_slowdown x{factor}")
+        moves = self._membership(membership, machines, job["pp_stages"], duration)
+        confounders += [entry for entry, _text in moves]
+        scenario = self._scenario(job, duration, confounders=confounders)
+        mode = "sync" if sync else "async"
+        text = f"{mode}, step {step:g} s, pp{job['pp_stages']}, checkpoints, " + ", ".join(
+            [*kinds, *(t for _, t in moves)]
+        )
+        return BenchCase(name, scenario, None, machines, duration, True, text)
 
     def _membership(
         self, kinds: tuple[str, ...], machines: int, pp_stages: int, duration_s: int

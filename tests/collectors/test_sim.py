@@ -335,8 +335,16 @@ def test_labels_give_ground_truth(tmp_path: Path) -> None:
     assert "blip" not in set(labels["fault"])
     moved = scenario_labels(scen, start_ts=0.0)
     assert moved["start_ts"].min() == 40.0
+    assert labels["slowdown"].isna().all(), "no straggler here"
     path = write_scenario_labels(scen, tmp_path / "labels.csv")
-    pd.testing.assert_frame_equal(pd.read_csv(path, keep_default_na=False), labels)
+    back = pd.read_csv(path, keep_default_na=False, na_values={"slowdown": [""]})
+    pd.testing.assert_frame_equal(back, labels)
+    slow = scenario(faults=[{"type": "slow_worker", "machine": 3, "start_s": 20}])
+    labels = scenario_labels(slow)
+    assert labels["slowdown"].iloc[-1] > 1.0
+    path = write_scenario_labels(slow, tmp_path / "slow.csv")
+    back = pd.read_csv(path, keep_default_na=False, na_values={"slowdown": [""]})
+    pd.testing.assert_frame_equal(back, labels)
     with pytest.raises(ScenarioError, match=r"expected a \.csv"):
         write_scenario_labels(scen, tmp_path / "labels.json")
 

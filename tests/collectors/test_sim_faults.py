@@ -68,7 +68,8 @@ class Run:
 
 
 def run(entry: dict[str, Any], **job: Any) -> Run:
-    scen = build([{"machine": FAULTY, "start_s": ONSET, **entry}], **job)
+    where = {} if "machines" in entry else {"machine": FAULTY}  # slow_group names its machines
+    scen = build([{**where, "start_s": ONSET, **entry}], **job)
     return Run(scen, simulate_table(scen))
 
 
@@ -237,6 +238,47 @@ def check_hdfs_error(r: Run) -> None:
     assert_job_slowed(r, 2.0)
 
 
+def assert_stragglers(r: Run, slow: list[str], lo: int = ONSET + 15, hi: int = DURATION) -> None:
+    """``slow`` compute longest and wait least; every rank steps together; the job slowed."""
+    busy = r.window("train_busy_seconds", lo=lo, hi=hi)
+    coll = r.window("nccl_collective_seconds", lo=lo, hi=hi)
+    assert busy[slow].min() > 1.15 * busy.drop(slow).max()
+    assert coll[slow].max() < coll.drop(slow).min()
+    step = r.window("train_step_seconds", lo=lo, hi=hi)
+    assert step.std() / step.mean() < 0.01
+    before = r.window("train_step_seconds", lo=10, hi=ONSET).mean()
+    assert step.mean() > 1.1 * before
+    assert r.values("gpu_xid_count").to_numpy().sum() == 0 and not events_of(r.scenario)
+
+
+def check_slow_worker(r: Run) -> None:
+    assert_stragglers(r, [FAULTY])
+
+
+def check_transient_straggler(r: Run) -> None:
+    # 2x for 20 steps (80 s) by default, then the job runs at its pace again.
+    assert_stragglers(r, [FAULTY], hi=ONSET + 75)
+    busy = r.values("train_busy_seconds")
+    after = busy.loc[ONSET + 90 :]
+    assert (after[FAULTY] / after.drop(columns=FAULTY).median(axis=1)).max() < 1.05
+
+
+def check_slow_stage(r: Run) -> None:
+    assert_stragglers(r, [f"j-n{i:04d}" for i in range(6)])  # pp0, the faulty machine's
+
+
+def check_flapping_worker(r: Run) -> None:
+    busy = r.values("train_busy_seconds")
+    ratio = busy[FAULTY] / busy.drop(columns=FAULTY).median(axis=1)
+    assert ratio.loc[ONSET + 9 : ONSET + 19].min() > 1.4
+    assert ratio.loc[ONSET + 29 : ONSET + 39].max() < 1.05
+    assert ratio.loc[ONSET + 49 : ONSET + 59].min() > 1.4
+
+
+def check_slow_group(r: Run) -> None:
+    assert_stragglers(r, ["j-n0001", "j-n0005", "j-n0009"])
+
+
 CASES: dict[FaultType, tuple[dict[str, Any], Callable[[Run], None]]] = {
     FaultType.GPU_XID: ({"device": "gpu2"}, check_gpu_xid),
     FaultType.ECC_ERROR: ({"device": "gpu2"}, check_ecc_error),
@@ -251,6 +293,11 @@ CASES: dict[FaultType, tuple[dict[str, Any], Callable[[Run], None]]] = {
     FaultType.CUDA_EXECUTION_ERROR: ({}, check_cuda_execution_error),
     FaultType.GPU_EXECUTION_ERROR: ({"device": "gpu2"}, check_gpu_execution_error),
     FaultType.HDFS_ERROR: ({}, check_hdfs_error),
+    FaultType.SLOW_WORKER: ({"factor": 1.3}, check_slow_worker),
+    FaultType.TRANSIENT_STRAGGLER: ({}, check_transient_straggler),
+    FaultType.SLOW_STAGE: ({}, check_slow_stage),
+    FaultType.FLAPPING_WORKER: ({"period_s": 20}, check_flapping_worker),
+    FaultType.SLOW_GROUP: ({"machines": [1, 5, 9]}, check_slow_group),
 }
 
 

@@ -3,11 +3,12 @@ ones included), seeds."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import pytest
 
-from collectors.sim import scenario_labels
+from collectors.sim import scenario_labels, simulate_table
 from collectors.sim.kinds import MEMBERSHIP_CONFOUNDERS
 from collectors.sim.plan import compile_scenario
 from minder.benchmark.suite import (
@@ -16,6 +17,9 @@ from minder.benchmark.suite import (
     MEMBERSHIP,
     MIN_GROUP,
     MIN_PER_TYPE,
+    MIN_SLOW_STEPS,
+    STRAGGLER_SUITE_METRICS,
+    STRAGGLERS,
     SUITES,
     TABLE1_SHARES,
     WARM_UP_S,
@@ -234,3 +238,131 @@ def test_unknown_suite_and_bad_seed_are_refused() -> None:
         build_suite("huge")
     with pytest.raises(ValueError, match="seed"):
         build_suite("quick", -1)
+
+
+# -- the stragglers suite ---------------------------------------------------------------------
+
+
+def _slow_step(case: BenchCase) -> float:
+    """The step time of the case's job while its straggler is slow (synchronous: the job's)."""
+    job, fault = case.scenario.jobs[0], case.scenario.faults[0]
+    return job.step_time_s * ((1 - job.comm_fraction) * fault.factor_in_effect + job.comm_fraction)
+
+
+def test_stragglers_suite_composition(suites: dict[str, list[BenchCase]]) -> None:
+    cases = suites["stragglers"]
+    assert 30 <= len(cases) <= 40
+    assert len({c.name for c in cases}) == len(cases)
+    sizes = {c.machines for c in cases}
+    assert min(sizes) == 16 and max(sizes) == 256 and len(sizes) >= 5
+    counts = faults(cases)
+    assert set(counts) == STRAGGLERS
+    assert counts["slow_worker"] >= 8
+    assert min(counts.values()) >= 3
+    steps = [c.scenario.jobs[0].step_time_s for c in cases]
+    assert 0.3 <= min(steps) < 0.5 and 30 < max(steps) <= 60
+    jobs = [c.scenario.jobs[0] for c in cases]
+    assert all(j.metrics == STRAGGLER_SUITE_METRICS for j in jobs)
+    for fault_free in (True, False):
+        modes = {c.scenario.jobs[0].sync for c in cases if c.is_fault_free is fault_free}
+        assert modes == {True, False}, fault_free
+    assert all(c.scenario.jobs[0].sync for c in cases if c.fault == "slow_stage")
+    assert {c.fail_mode for c in cases} == {"fail-slow", None}
+    assert STRAGGLERS <= FAIL_SLOW and not STRAGGLERS & FAIL_STOP
+
+
+def test_straggler_cases_are_long_and_strong_enough(suites: dict[str, list[BenchCase]]) -> None:
+    for case in suites["stragglers"]:
+        if case.is_fault_free:
+            continue
+        job, (fault,) = case.scenario.jobs[0], case.scenario.faults
+        assert fault.start_s >= max(WARM_UP_S, 10 * job.step_time_s), case.name
+        labels = scenario_labels(case.scenario)
+        assert set(labels["fault"]) == {case.fault} and labels["fault_index"].nunique() == 1
+        assert (labels["slowdown"] > 1.0).all(), case.name
+        left = case.duration_s - fault.start_s
+        if case.fault == "transient_straggler":
+            assert fault.factor_in_effect == 2.0
+            assert fault.duration_s is not None
+            assert 10 <= round(fault.duration_s / job.step_time_s) <= 40, case.name
+            assert left - fault.duration_s >= 240  # time to see it end, and a detector recover
+        elif case.fault == "flapping_worker":
+            assert fault.period_s is not None
+            assert left >= 6 * fault.period_s, case.name  # three slow turns
+        else:
+            assert fault.duration_s is None
+            assert left / _slow_step(case) >= MIN_SLOW_STEPS, case.name
+        if case.fault == "slow_worker":
+            assert 1.05 <= fault.factor_in_effect <= 1.5
+        if case.fault == "slow_group":
+            assert isinstance(fault.machines, int) and fault.machines >= 2
+            assert len(labels) == fault.machines
+        if case.fault == "slow_stage":
+            assert len(set(labels["group"])) == 1 and job.pp_stages >= 2
+            assert len(labels) == case.machines // job.pp_stages
+    factors = [c.scenario.faults[0].factor_in_effect for c in suites["stragglers"] if c.fault]
+    assert min(factors) < 1.15, "mild stragglers too"
+    ranked = [
+        c for c in suites["stragglers"] if c.fault == "slow_worker" and c.scenario.faults[0].device
+    ]
+    assert len(ranked) >= 2, "slow workers of some of a machine's ranks"
+
+
+def test_stragglers_fault_free_cases_slow_everyone_or_only_confound(
+    suites: dict[str, list[BenchCase]],
+) -> None:
+    free = [c for c in suites["stragglers"] if c.is_fault_free]
+    assert len(free) >= 6
+    wide = [
+        c for c in free if any(k.type.value == "job_wide_slowdown" for k in c.scenario.confounders)
+    ]
+    assert 3 <= len(wide) < len(free)
+    for case in free:
+        assert not case.scenario.faults and scenario_labels(case.scenario).empty
+        kinds = {k.type.value for k in case.scenario.confounders}
+        assert {"blip", "agent_restart", "eval_phase"} <= kinds, case.name
+        assert case.scenario.jobs[0].checkpoint_every_s, case.name
+    for case in wide:
+        entry = next(k for k in case.scenario.confounders if k.type.value == "job_wide_slowdown")
+        assert 1.1 <= entry.factor_in_effect <= 1.5 and "job_wide_slowdown" in case.detail
+
+
+def test_a_straggler_case_shows_its_straggler(suites: dict[str, list[BenchCase]]) -> None:
+    """Simulated, the smallest slow-worker case's labelled machine is the busiest after onset."""
+    workers = [c for c in suites["stragglers"] if c.fault == "slow_worker"]
+    case = min(workers, key=lambda c: c.machines * c.duration_s)
+    table = simulate_table(case.scenario)
+    (machine,) = set(scenario_labels(case.scenario)["machine"])
+    onset = case.scenario.start_ts + case.scenario.faults[0].start_s
+    busy = table[(table["metric"] == "train_busy_seconds") & (table["ts"] > onset + 60)]
+    per_machine = busy.groupby("machine", observed=True)["value"].max()
+    assert per_machine.idxmax() == machine
+
+
+def test_stragglers_suite_is_deterministic_and_bad_kinds_are_refused() -> None:
+    first, again = build_suite("stragglers", 5), build_suite("stragglers", 5)
+    assert [c.scenario for c in first] == [c.scenario for c in again]
+    other = build_suite("stragglers", 6)
+    assert [c.scenario.seed for c in other] != [c.scenario.seed for c in first]
+    coarse = build_suite("stragglers", 5, interval_s=60)
+    assert all(c.duration_s - c.scenario.faults[0].start_s >= 12 * 60 for c in coarse if c.fault)
+    with pytest.raises(ValueError, match=r"straggler kind 'gpu_xid': expected one of"):
+        _Builder(0, 6, prefix="x").straggler("gpu_xid", 16, "fast", True)
+
+
+_SUITE_DIGESTS = {
+    "quick": "fde9332e832dc647",
+    "standard": "6ae6ff7114348222",
+    "full": "3db2aeb8f7902161",
+}
+"""Digests of the other suites' cases as built before the stragglers suite was added (commit
+29ad509, seed 0)."""
+
+
+@pytest.mark.parametrize("name", sorted(_SUITE_DIGESTS))
+def test_the_other_suites_are_unchanged(name: str) -> None:
+    cases = build_suite(name, 0)
+    text = repr(
+        [(c.name, c.scenario.model_dump_json(exclude_defaults=True), c.detail) for c in cases]
+    )
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == _SUITE_DIGESTS[name]
