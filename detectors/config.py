@@ -87,6 +87,9 @@ class DetectorConfig:
     silence_intervals
         Silence is at least this many sampling intervals without a sample (3 missed samples at
         the default): one missed scrape is not silence.
+    domain_silence_intervals
+        A domain (switch, rack) whose machines are all (``domain_fraction`` of them) without a
+        sample is silent after this many intervals (2): one fewer than a lone machine.
     lost_device_intervals, level_persist_samples, error_samples, rearm_intervals
         The sample counts behind ``lost_device_s``, ``level_persist_s``, ``error_seconds`` and
         ``rearm_s`` at coarse sampling.
@@ -119,6 +122,7 @@ class DetectorConfig:
     continuity_samples: int = 5
     severe_continuity_samples: int = 4
     silence_intervals: int = 3
+    domain_silence_intervals: int = 2
     lost_device_intervals: int = 3
     level_persist_samples: int = 2
     error_samples: int = 2
@@ -142,6 +146,7 @@ class DetectorConfig:
             "rearm_s",
             "window_samples",
             "silence_intervals",
+            "domain_silence_intervals",
             "lost_device_intervals",
             "level_persist_samples",
             "error_samples",

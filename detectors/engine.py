@@ -338,18 +338,19 @@ class MinderDetector:
         """At coarse sampling, how far the peers' median level moved within the window, per
         series (None at 1 s).
 
-        A scrape reads instantaneous gauges: while the whole job changes level (a checkpoint
+        Only for a job sampled coarsely (its tick above 1 s), over its own window. A scrape
+        reads instantaneous gauges: while the whole job changes level (a checkpoint
         starting, the sampled phase of the step sliding from compute to communication), a
         machine a moment ahead or behind the others reads the other side of the edge. Lagging
         a job-wide change is not a fault, so the robust scale is at least
         :data:`UNSTEADY_FACTOR` times that swing; a machine that deviates while its peers hold
         steady is scored as before.
         """
-        if window.tick_s == 1 and int(window.series_every.max(initial=1)) == 1:
+        if window.tick_s == 1:
             return None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # ticks nobody reported
-            level = np.nanmedian(values, axis=1)  # time, column
+            level = np.nanmedian(values[-self.cadence.window :], axis=1)  # time, column
             return np.nanmax(level, axis=0) - np.nanmin(level, axis=0)
 
     def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:

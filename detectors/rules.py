@@ -10,6 +10,7 @@ missed scrapes, not after three seconds.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -304,6 +305,15 @@ def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> lis
         cadence_for(config, float(window.tick_s)).silence_s, config.silence_intervals * intervals
     )
     silent = known & (now - last >= limit)
+    # A whole domain (switch, rack) missing samples together is a fault one interval sooner:
+    # machines failing at once by chance is far rarer than one machine missing two scrapes.
+    early_limit = np.maximum(
+        config.silence_s,
+        config.domain_silence_intervals * intervals,
+    )
+    early = known & ~silent & (now - last >= early_limit)
+    if early.any():
+        silent |= early & _whole_domains(window, known, silent | early, config)
     return [
         Finding(
             machine=int(m),
@@ -322,3 +332,20 @@ def silence_findings(window: JobWindow, now: int, config: DetectorConfig) -> lis
         )
         for m in np.flatnonzero(silent)
     ]
+
+
+def _whole_domains(
+    window: JobWindow, known: np.ndarray, quiet: np.ndarray, config: DetectorConfig
+) -> np.ndarray:
+    """Machines whose domain is quiet as a whole: at least ``domain_min_machines`` and
+    ``domain_fraction`` of its machines in the job."""
+    names = [info.domain for info in window.machines[: known.size]]
+    out = np.zeros(known.size, dtype=bool)
+    for domain in {names[m] for m in np.flatnonzero(quiet)}:
+        if not domain:
+            continue
+        members = np.asarray([d == domain for d in names]) & known
+        needed = max(config.domain_min_machines, math.ceil(config.domain_fraction * members.sum()))
+        if (members & quiet).sum() >= needed:
+            out |= members
+    return out

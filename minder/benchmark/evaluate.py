@@ -8,6 +8,8 @@ Matching (per case, against :func:`collectors.sim.labels.scenario_labels`):
   taken in the second that holds it).
 * A domain alert (``machine`` is the domain's name, ``evidence["domain_members"]`` its machines)
   is a true positive when it names the domain of a ``switch_reboot`` within the same span.
+* A stage straggler alert (``evidence["verdict"] == "stage"``, ``machine`` the group's name) is
+  a true positive when it names the group of a ``slow_stage`` label within the same span.
 * Each fault instance (``fault_index``) is detected when at least one true positive matches it;
   its onset-to-alert latency is the first such alert's ``detected_ts`` minus the fault's
   ``start_ts`` (0 at least). Further alerts on the same instance (one alert per machine of a
@@ -191,6 +193,7 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
     labels = run.labels
     by_machine: dict[str, list[tuple[float, float, int]]] = {}
     by_domain: dict[str, list[tuple[float, float, int]]] = {}
+    by_stage: dict[str, list[tuple[float, float, int]]] = {}
     spans: dict[int, dict[str, Any]] = {}
     for row in labels.to_dict("records"):
         index = int(row["fault_index"])
@@ -199,6 +202,8 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
         by_machine.setdefault(machine, []).append(span)
         if fault == "switch_reboot":
             by_domain.setdefault(str(row["domain"]), []).append(span)
+        if fault == "slow_stage" and row.get("group"):
+            by_stage.setdefault(str(row["group"]), []).append(span)
         info = spans.setdefault(
             index, {"fault": fault, "start": span[0], "end": span[1], "machines": []}
         )
@@ -207,7 +212,10 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
     first: dict[int, float] = {}
     count: dict[int, int] = {}
     for alert in sorted(run.alerts, key=lambda a: (a.detected_ts, a.machine, a.metric)):
-        table = by_domain if _is_domain_alert(alert) else by_machine
+        if alert.evidence.get("verdict") == "stage":
+            table = by_stage  # a stage straggler names its group
+        else:
+            table = by_domain if _is_domain_alert(alert) else by_machine
         candidates = [
             (start, index)
             for start, end, index in table.get(alert.machine, [])

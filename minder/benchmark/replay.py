@@ -99,10 +99,17 @@ class ChunkData:
         arrays = (self.bounds, self.order, self.values, self.present, self.second, self.machine)
         return sum(a.nbytes for a in arrays)
 
-    def batches(self, second: int) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    def batches(
+        self, second: int, counters: np.ndarray | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
         """``(measured second, machines, series, values)`` of the samples delivered in
         ``second``: on-time ones first, then late ones by their own second, each batch's samples
-        in series order."""
+        in series order.
+
+        ``counters`` (a mask of series) marks counter-based rates: a scrape reads the counter,
+        which kept counting through a lost sample, so those series count wherever the machine
+        sent anything in that second.
+        """
         i = second - self.first
         rows = self.order[self.bounds[i] : self.bounds[i + 1]]
         if not len(rows):
@@ -110,7 +117,10 @@ class ChunkData:
         measured = self.second[rows]
         cuts = np.flatnonzero(np.diff(measured)) + 1
         for block in np.split(rows, cuts):
-            r, series = np.nonzero(self.present[block])
+            sent = self.present[block]
+            if counters is not None:
+                sent = sent | (counters[None, :] & sent.any(axis=1)[:, None])
+            r, series = np.nonzero(sent)
             row = block[r]
             yield int(self.second[block[0]]), self.machine[row], series, self.values[row, series]
 
@@ -165,7 +175,9 @@ class Resampler:
     """One sample per series every ``interval_s`` seconds, as a scrape of the exporters sees
     the job: gauges at the interval's last value, rates at their mean, counts summed.
 
-    Samples are grouped by the interval they were measured in; an interval is handed over
+    Rates come from counters, which keep counting through a sample the agent lost: they are
+    read wherever the machine sent anything in a second (:meth:`ChunkData.batches`). Samples
+    are grouped by the interval they were measured in; an interval is handed over
     (:meth:`due`) once ``grace_s`` seconds past its end have been delivered, as the sample of
     its last second. A machine that did not report in that last second (the scrape instant)
     has no sample for the interval, as a scrape of a machine that is down or gone has none. A
@@ -420,7 +432,7 @@ class _JobReplay:
         if self.resampler is None:
             samples = chunk.batches(second)
         else:
-            for measured, machines, series, values in chunk.batches(second):
+            for measured, machines, series, values in chunk.batches(second, self.resampler.rate):
                 self.resampler.add(measured, machines, series, values)
             samples = self.resampler.due(second, final=second == self.plan.duration_s - 1)
         for measured, machines, series, values in samples:

@@ -46,6 +46,7 @@ class Suite(StrEnum):
     quick = "quick"
     standard = "standard"
     full = "full"
+    stragglers = "stragglers"
 
 
 @bench_app.callback()

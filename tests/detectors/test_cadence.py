@@ -190,3 +190,15 @@ def test_durations_follow_the_interval_with_floors_in_seconds() -> None:
         assert c.silence_s >= cfg.silence_intervals * interval
     with pytest.raises(ValueError, match="interval_s is 0"):
         cfg.at_interval(0)
+
+
+def test_a_whole_domain_missing_two_scrapes_is_its_switch_a_lone_machine_is_not() -> None:
+    def reboot(m: int, t: int, s: Sample) -> Sample | None:
+        if m // 4 == 1 and 20 * 60 <= t < 20 * 60 + 135:  # leaf-1 silent for 2 min 15 s
+            return None
+        if m == 13 and 30 * 60 <= t < 30 * 60 + 120:  # one machine misses two scrapes
+            return None
+        return s
+
+    alerts, _ = stream(seconds=40 * 60, interval=60, mutate=reboot, stagger=False)
+    assert named(alerts) == [("leaf-1", AlertKind.SILENCE)]
