@@ -67,6 +67,8 @@ class CaseRun:
     detect_cpu_s: float
     job_seconds: float
     machine_seconds: float
+    step_s: float = 0.0
+    """The job's nominal step time (stragglers are counted in steps)."""
 
     @property
     def is_fault_free(self) -> bool:
@@ -390,9 +392,12 @@ class Summary:
     false_alarms: FalseAlarms
     cpu: CpuCost
     cases: tuple[CaseMatch, ...] = field(default=())
+    stragglers: dict[str, Any] = field(default_factory=dict)
+    """Straggler faults: steps from onset to alert, and the error of the alert's live S."""
 
     def to_dict(self, with_cases: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "stragglers": self.stragglers,
             "overall": self.overall.to_dict(),
             "fail_stop": self.fail_stop.to_dict(),
             "fail_slow": self.fail_slow.to_dict(),
@@ -438,7 +443,56 @@ def summarize(runs: Iterable[CaseRun], slack_s: float = SLACK_S) -> Summary:
         false_alarms=FalseAlarms(false_alarms, hours, per_1000),
         cpu=_cpu([c.run for c in cases]),
         cases=cases,
+        stragglers=straggler_stats(cases),
     )
+
+
+STRAGGLER_FAULTS = frozenset(
+    {"slow_worker", "transient_straggler", "slow_stage", "flapping_worker", "slow_group"}
+)
+
+
+def straggler_stats(cases: Sequence[CaseMatch]) -> dict[str, Any]:
+    """For the straggler faults detected: steps from onset to the first alert (by type), and
+    the relative error of that alert's live slowdown S against the simulated S."""
+    steps: dict[str, list[float]] = {}
+    errors: list[float] = []
+    for case in cases:
+        run = case.run
+        first: dict[int, AlertMatch] = {}
+        for match in case.alerts:
+            if match.fault_index is not None and not match.duplicate:
+                first.setdefault(match.fault_index, match)
+        truth: dict[int, float] = {}
+        if "slowdown" in run.labels.columns:
+            for row in run.labels.to_dict("records"):
+                value = row.get("slowdown")
+                if value is not None and math.isfinite(float(value)):
+                    truth[int(row["fault_index"])] = float(value)
+        for instance in case.instances:
+            if instance.fault not in STRAGGLER_FAULTS or instance.latency_s is None:
+                continue
+            if run.step_s > 0:
+                steps.setdefault(instance.fault, []).append(instance.latency_s / run.step_s)
+            hit = first.get(instance.fault_index)
+            live = hit.alert.evidence.get("slowdown") if hit is not None else None
+            true_s = truth.get(instance.fault_index)
+            if live is not None and true_s:
+                errors.append(abs(float(live) - true_s) / true_s)
+    if not steps and not errors:
+        return {}
+    return {
+        "steps_to_alert": {
+            kind: {"median": float(np.median(v)), "max": float(np.max(v)), "n": len(v)}
+            for kind, v in sorted(steps.items())
+        },
+        "slowdown_error": {
+            "median": float(np.median(errors)) if errors else None,
+            "p95": float(np.percentile(errors, 95)) if errors else None,
+            "within_5pct": float(np.mean(np.asarray(errors) <= 0.05)) if errors else None,
+            "n": len(errors),
+        },
+    }
 
 
 def _cpu(runs: Sequence[CaseRun]) -> CpuCost:

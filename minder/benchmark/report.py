@@ -177,8 +177,33 @@ def render(result: BenchResult, console: Console) -> None:
     console.print(overall_table(result))
     console.print(fault_table(result))
     console.print(cpu_table(result))
+    for line in straggler_lines(result):
+        console.print(escape(line), highlight=False)
     for note in _notes(result):
         console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False)
+
+
+def straggler_lines(result: BenchResult) -> list[str]:
+    """Per row with straggler faults: steps from onset to alert by type, and the error of the
+    alerts' live slowdown against the simulated S."""
+    out = []
+    for row in result.rows:
+        stats = row.summary.stragglers
+        if not stats:
+            continue
+        steps = ", ".join(
+            f"{kind} {v['median']:.0f} (max {v['max']:.0f})"
+            for kind, v in stats["steps_to_alert"].items()
+        )
+        err = stats["slowdown_error"]
+        error = (
+            f"live S error median {100 * err['median']:.1f} %, p95 {100 * err['p95']:.1f} %, "
+            f"{100 * err['within_5pct']:.0f} % within 5 % (n={err['n']})"
+            if err["n"]
+            else "no live S to compare"
+        )
+        out.append(f"{row.variant.label}: steps to alert (median): {steps}; {error}")
+    return out
 
 
 def _md_table(
@@ -218,7 +243,7 @@ def markdown(result: BenchResult) -> str:
             for row in result.rows
         ],
     )
-    notes = "\n".join(f"- {n}" for n in _notes(result))
+    notes = "\n".join(f"- {n}" for n in [*straggler_lines(result), *_notes(result)])
     parts = [
         f"### Detection benchmark — suite `{result.options.suite}`",
         "",

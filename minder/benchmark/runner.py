@@ -496,6 +496,7 @@ def run_benchmark(
                             detect_cpu_s=result.detect_cpu_s,
                             job_seconds=float(result.job_seconds),
                             machine_seconds=result.machine_seconds,
+                            step_s=float(case.scenario.jobs[0].step_time_s),
                         )
                     )
                 done += 1
