@@ -540,7 +540,9 @@ class _Builder:
                     "duration_s": length,
                 }
             )
-        moves = self._membership(membership, machines, job["pp_stages"], duration_s)
+        moves = self._membership(
+            membership, machines, job["pp_stages"], duration_s, _crashing(confounders)
+        )
         confounders += [entry for entry, _text in moves]
         scenario = self._scenario(job, duration_s, confounders=confounders)
         kinds = sorted({c["type"] for c in confounders} - {entry["type"] for entry, _ in moves})
@@ -697,7 +699,9 @@ class _Builder:
                 entry["duration_s"] = float(rng.integers(300, 901))
             confounders.append(entry)
             kinds.append(f"job_wide_slowdown x{factor}")
-        moves = self._membership(membership, machines, job["pp_stages"], duration)
+        moves = self._membership(
+            membership, machines, job["pp_stages"], duration, _crashing(confounders)
+        )
         confounders += [entry for entry, _text in moves]
         scenario = self._scenario(job, duration, confounders=confounders)
         mode = "sync" if sync else "async"
@@ -707,12 +711,18 @@ class _Builder:
         return BenchCase(name, scenario, None, machines, duration, True, text)
 
     def _membership(
-        self, kinds: tuple[str, ...], machines: int, pp_stages: int, duration_s: int
+        self,
+        kinds: tuple[str, ...],
+        machines: int,
+        pp_stages: int,
+        duration_s: int,
+        avoid: frozenset[int] = frozenset(),
     ) -> list[tuple[dict[str, Any], str]]:
         """The confounder entries (and their description) of the membership ``kinds``, each on
-        other machines."""
+        other machines, none on ``avoid`` (machines whose agent crashes: a planned leave while
+        the agent is down is no goodbye, and a fault-free case must hold no real silence)."""
         rng = self.membership_rng
-        used: set[int] = set()
+        used: set[int] = set(avoid)
 
         def pick(count: int, keep_groups: bool = False) -> list[int]:
             """``count`` unused machines; with ``keep_groups`` fewer when more would leave a
@@ -872,3 +882,8 @@ _FAULTS: dict[FaultType, _FaultDraw] = {
     FaultType.NVLINK_ERROR: _mild("NVLink errors", _gpu, 0.3, 1.0),
     FaultType.AOC_ERROR: _mild("bad optical cable", _nic, 0.3, 1.0),
 }
+
+
+def _crashing(confounders: list[dict[str, Any]]) -> frozenset[int]:
+    """Machines of ``agent_restart`` confounders."""
+    return frozenset(int(c["machine"]) for c in confounders if c["type"] == "agent_restart")

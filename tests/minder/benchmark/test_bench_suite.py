@@ -352,11 +352,12 @@ def test_stragglers_suite_is_deterministic_and_bad_kinds_are_refused() -> None:
 
 _SUITE_DIGESTS = {
     "quick": "fde9332e832dc647",
-    "standard": "6ae6ff7114348222",
-    "full": "3db2aeb8f7902161",
+    "standard": "c35cf97e6f432b3a",
+    "full": "cfb5193b591a3ac9",
 }
-"""Digests of the other suites' cases as built before the stragglers suite was added (commit
-29ad509, seed 0)."""
+"""Digests of the other suites' cases (seed 0): as built before the stragglers suite was added
+(commit 29ad509), except that membership confounders no longer land on a machine whose agent
+crashes in the same case (standard and full each had one such case)."""
 
 
 @pytest.mark.parametrize("name", sorted(_SUITE_DIGESTS))
