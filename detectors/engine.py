@@ -508,7 +508,9 @@ class MinderDetector:
             kind=finding.kind,
             metric=finding.metric,
             score=finding.score,
-            first_ts=float(finding.first_sec),
+            # Never before the job's first data (an event with a broken clock, a window that
+            # reaches back further than the job).
+            first_ts=float(max(finding.first_sec, window.first_sec)),
             detected_ts=float(now),
             devices=finding.devices,
             domain=domain,

@@ -496,7 +496,12 @@ class StragglerDetector:
                     kind=AlertKind.STRAGGLER,
                     metric=self.cost.signal or BUSY,
                     score=round(r / normal, 4),
-                    first_ts=float(window.tick_end(tick) - self._stage_run[g] * self.cost.step_s),
+                    first_ts=float(
+                        max(
+                            window.tick_end(tick) - self._stage_run[g] * self.cost.step_s,
+                            window.first_sec,
+                        )
+                    ),
                     detected_ts=float(window.tick_end(tick)),
                     domain="",
                     evidence={
@@ -558,7 +563,7 @@ class StragglerDetector:
             kind=AlertKind.STRAGGLER,
             metric=signal,
             score=round(ratio, 4),
-            first_ts=float(start * window.tick_s),
+            first_ts=float(max(start * window.tick_s, window.first_sec)),
             detected_ts=float(window.tick_end(tick)),
             devices=tuple(devices[int(r)] for r in ranks),
             domain=info.domain,

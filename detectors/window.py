@@ -19,7 +19,7 @@ import logging
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,36 @@ class MachineInfo:
     domain: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class WindowLimits:
+    """Bounds on what one job's window holds, against hostile or broken producers.
+
+    Each is counted when hit (:attr:`WindowStats.rejected`), never silently.
+
+    Attributes
+    ----------
+    max_machines
+        Machines per job; a new machine beyond it is refused.
+    max_series_per_machine
+        ``(metric, device)`` series one machine may add; a new series beyond it (and beyond
+        ``max_series`` for the job) is refused.
+    max_name_length
+        Longest machine, metric or device name (characters).
+    max_pending_events
+        Events waiting for their second; more are refused.
+    event_skew_s
+        An event dated farther than this from its batch's time is refused (a broken or
+        hostile clock: an onset in 1970 or in 2096).
+    """
+
+    max_machines: int = 20_000
+    max_series_per_machine: int = 4_096
+    max_series: int = 65_536
+    max_name_length: int = 256
+    max_pending_events: int = 10_000
+    event_skew_s: float = 300.0
+
+
 @dataclass(slots=True)
 class WindowStats:
     """Counts of samples the window could not place (reported, never silently lost)."""
@@ -73,6 +103,11 @@ class WindowStats:
     samples: int = 0
     too_old: int = 0
     events: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Samples, events and batches refused, by reason (:class:`WindowLimits`)."""
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + count
 
 
 @dataclass(slots=True)
@@ -94,13 +129,23 @@ class JobWindow:
         Seconds kept; must cover the detection window and the silence rule's look-back.
     """
 
-    def __init__(self, job: str, horizon_s: int = 64, *, tick_s: int | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        horizon_s: int = 64,
+        *,
+        tick_s: int | None = None,
+        limits: WindowLimits | None = None,
+    ) -> None:
         if horizon_s < 2:
             raise ValueError(f"horizon_s is {horizon_s!r}: expected at least 2 ticks")
         if tick_s is not None and not 1 <= tick_s <= MAX_TICK_S:
             raise ValueError(f"tick_s is {tick_s!r}: expected 1 to {MAX_TICK_S} seconds")
         self.job = job
+        self.limits = limits or WindowLimits()
         self.slots = horizon_s
+        self.first_sec = NEVER
+        """First second of data the job sent (alert onsets are never earlier)."""
         """Ticks kept (seconds at the agent's 1-second tick)."""
         self.tick_s = tick_s or 1
         """Seconds per tick: the job's finest sampling interval, learnt unless given."""
@@ -141,6 +186,7 @@ class JobWindow:
         # Column indices of each node's sample list, keyed by the tuple of names it sends: a node
         # sends the same names every second, so the per-sample dictionary work happens once.
         self._layout_cache: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
+        self._series_added: dict[int, int] = {}
         self._columns_cache: dict[str, tuple[np.ndarray, list[str]]] = {}
         self._columns_cache_size = 0
 
@@ -245,32 +291,80 @@ class JobWindow:
         return slot
 
     def add_batch(self, batch: NodeBatch) -> None:
-        """Place one node batch (samples and events) in the window."""
+        """Place one node batch (samples and events) in the window.
+
+        Within :attr:`limits`: a batch of a machine beyond ``max_machines`` or with a name too
+        long is refused whole, new series beyond the series bounds and events too far from the
+        batch's time or beyond ``max_pending_events`` are refused; each counted by reason.
+        """
+        lim = self.limits
+        stats = self.stats
+        if len(batch.node) > lim.max_name_length:
+            stats.reject("name_too_long")
+            return
+        if batch.node not in self.machine_index and self.n_machines >= lim.max_machines:
+            stats.reject("too_many_machines")
+            return
         sec = math.floor(batch.ts)
-        m = self.machine_id(batch.node, batch.group, batch.domain)
+        m = self.machine_id(
+            batch.node, batch.group[: lim.max_name_length], batch.domain[: lim.max_name_length]
+        )
         leaving = [e for e in batch.events if e.kind is EventKind.LEAVE]
         for event in batch.events:
-            if event.kind is not EventKind.LEAVE:
-                self.events.append(PendingEvent(m, event))
-        self.stats.events += len(batch.events)
+            if event.kind is EventKind.LEAVE:
+                continue
+            if (
+                abs(event.ts - batch.ts) > lim.event_skew_s
+                or len(event.device) > lim.max_name_length
+            ):
+                stats.reject(
+                    "event_time" if abs(event.ts - batch.ts) > lim.event_skew_s else "name_too_long"
+                )
+                continue
+            if len(self.events) >= lim.max_pending_events:
+                stats.reject("too_many_events")
+                continue
+            self.events.append(PendingEvent(m, event))
+            stats.events += 1
         if batch.samples:
             layout_key = tuple((name, dev) for name, dev, _ in batch.samples)
             cols = self._layout_cache.get(layout_key)
             if cols is None:
-                cols = np.fromiter(
-                    (self.series_id(name, dev) for name, dev in layout_key),
-                    dtype=np.int64,
-                    count=len(layout_key),
-                )
-                if len(self._layout_cache) < 4096:
+                cols = self._columns_for(m, layout_key)
+                if len(self._layout_cache) < 4096 and (cols >= 0).all():
                     self._layout_cache[layout_key] = cols
             values = np.fromiter((s[2] for s in batch.samples), dtype=np.float32, count=len(cols))
+            keep = cols >= 0
+            if not keep.all():
+                cols, values = cols[keep], values[keep]
             self.add_arrays(sec, np.full(len(cols), m), cols, values)
         elif len(leaving) < len(batch.events) or not batch.events:
             self._mark_machine(m, sec)
         if leaving:
-            reason = leaving[-1].message or "goodbye"
+            reason = (leaving[-1].message or "goodbye")[:160]
             self.depart([m], "left", leaving[-1].ts, reason)
+
+    def _columns_for(self, m: int, layout: tuple[tuple[str, str], ...]) -> np.ndarray:
+        """Series indices of a batch's layout; -1 for a series refused (a name too long, or
+        a new series beyond the machine's or the job's bound), counted."""
+        lim = self.limits
+        out = np.empty(len(layout), dtype=np.int64)
+        added = self._series_added.get(m, 0)
+        for i, (name, dev) in enumerate(layout):
+            idx = self.series_index.get((name, dev))
+            if idx is None:
+                if len(name) > lim.max_name_length or len(dev) > lim.max_name_length:
+                    self.stats.reject("name_too_long")
+                    idx = -1
+                elif added >= lim.max_series_per_machine or self.n_series >= lim.max_series:
+                    self.stats.reject("too_many_series")
+                    idx = -1
+                else:
+                    idx = self.series_id(name, dev)
+                    added += 1
+            out[i] = idx
+        self._series_added[m] = added
+        return out
 
     def _mark_machine(self, m: int, sec: int) -> None:
         if self._machine_last_seen[m] == NEVER or (self.departed[m] and sec > self.departed_sec[m]):
@@ -288,6 +382,8 @@ class JobWindow:
             self.stats.too_old += len(values)
             return 0
         self._values[slot, machines, cols] = values
+        if self.first_sec == NEVER or sec < self.first_sec:
+            self.first_sec = sec
         last = self._last_seen[machines, cols]
         if not self.calibrated:
             fresh = sec > last

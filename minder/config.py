@@ -7,12 +7,13 @@ arguments. Example: ``MINDER_KAFKA__BOOTSTRAP=broker:9092 MINDER_DATABASE__URL=p
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Self, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_origin
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
@@ -21,6 +22,9 @@ from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
 from minder.core.errors import ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
+
+if TYPE_CHECKING:
+    from minder.service.engine import ServiceLimits
 
 ENV_PREFIX = "MINDER_"
 ENV_DELIMITER = "__"
@@ -31,7 +35,16 @@ class SettingsError(ValidationError):
 
 
 class KafkaSettings(BaseModel):
-    """Where the metrics come from and alerts go."""
+    """Where the metrics come from and alerts go, and how the clients reach the brokers.
+
+    The security settings (``security_protocol``, ``ssl_*``, ``sasl_*``) apply to every Kafka
+    client of Minder alike: :meth:`client_options` turns them into kafka-python's keyword
+    arguments. They are checked together: SASL needs a mechanism, a user name and a password, TLS
+    files must exist and load, and neither may be given to a protocol that would ignore them.
+    """
+
+    TLS_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"SSL", "SASL_SSL"})
+    SASL_PROTOCOLS: ClassVar[frozenset[str]] = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
 
     bootstrap: str = Field("127.0.0.1:9092", description="host:port[,host:port…] of the brokers")
     metrics_topic: str = METRICS_TOPIC
@@ -51,6 +64,161 @@ class KafkaSettings(BaseModel):
         description="publish alerts on the alerts topic; none = when Kafka is a metrics source "
         "(a Prometheus-only service then needs no broker)",
     )
+    # The order matters: each check below sees the fields declared before it (info.data).
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="TLS (SSL), SASL, both (SASL_SSL) or neither (PLAINTEXT)"
+    )
+    ssl_cafile: Path | None = Field(
+        None, description="PEM file of the CAs of the brokers' certificates; none = system CAs"
+    )
+    ssl_keyfile: Path | None = Field(
+        None, description="PEM private key of ssl_certfile, when it is not in that file"
+    )
+    ssl_password: SecretStr | None = Field(None, description="password of an encrypted key")
+    ssl_certfile: Path | None = Field(
+        None, validate_default=True, description="PEM client certificate (mutual TLS)"
+    )
+    ssl_check_hostname: bool = Field(
+        True, description="check that a broker's certificate names the host connected to"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, validate_default=True, description="SASL mechanism (SASL_* protocols only)"
+    )
+    sasl_username: str | None = Field(None, validate_default=True, description="SASL user name")
+    sasl_password: SecretStr | None = Field(
+        None, validate_default=True, description="SASL password"
+    )
+
+    @field_validator(
+        "security_protocol",
+        "ssl_cafile",
+        "ssl_keyfile",
+        "ssl_password",
+        "ssl_certfile",
+        "sasl_mechanism",
+        "sasl_username",
+        "sasl_password",
+        mode="before",
+    )
+    @classmethod
+    def _normalise(cls, value: object, info: ValidationInfo) -> object:
+        """Empty means unset (a blank variable of a template); protocols and mechanisms are
+        case-insensitive, ``SCRAM_SHA_256`` is ``SCRAM-SHA-256``."""
+        if not isinstance(value, str):
+            return value
+        if info.field_name == "security_protocol":
+            return value.strip().upper()
+        if not value.strip():
+            return None
+        if info.field_name == "sasl_mechanism":
+            return value.strip().upper().replace("_", "-")
+        return value
+
+    @field_validator("ssl_cafile", "ssl_keyfile", "ssl_password", "ssl_certfile")
+    @classmethod
+    def _check_tls(cls, value: Any, info: ValidationInfo) -> Any:
+        protocol = info.data.get("security_protocol")
+        if value is not None and protocol is not None and protocol not in cls.TLS_PROTOCOLS:
+            raise ValueError(
+                f"expected no TLS setting with security protocol {protocol}: set the protocol "
+                "to SSL or SASL_SSL, or leave this unset"
+            )
+        if info.field_name == "ssl_certfile" and value is None:
+            if info.data.get("ssl_keyfile") is not None or info.data.get("ssl_password"):
+                raise ValueError(
+                    "missing: expected the client certificate (PEM) since ssl_keyfile or "
+                    "ssl_password is set"
+                )
+            return value
+        if not isinstance(value, Path):
+            return value
+        if not value.is_file() or not os.access(value, os.R_OK):
+            why = "is not a file" if value.exists() else "does not exist"
+            raise ValueError(f"{why} or is not readable: expected a readable PEM file")
+        import ssl  # noqa: PLC0415  (only when a TLS file is set)
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        try:
+            if info.field_name == "ssl_cafile":
+                context.load_verify_locations(cafile=value)
+            elif info.field_name == "ssl_certfile":
+                password = info.data.get("ssl_password")
+                keyfile = info.data.get("ssl_keyfile")
+                # A password, even empty: with none OpenSSL would prompt on the terminal.
+                context.load_cert_chain(
+                    value, keyfile, password.get_secret_value() if password else ""
+                )
+        except ssl.SSLError as exc:
+            what = (
+                "CA certificates"
+                if info.field_name == "ssl_cafile"
+                else "client certificate with its key (ssl_keyfile or this file), decrypted "
+                "with ssl_password if the key is encrypted"
+            )
+            reason = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(exc.args[-1]))
+            raise ValueError(f"cannot be loaded ({reason}): expected PEM {what}") from None
+        return value
+
+    @field_validator("sasl_mechanism", "sasl_username", "sasl_password")
+    @classmethod
+    def _check_sasl(cls, value: Any, info: ValidationInfo) -> Any:
+        protocol = info.data.get("security_protocol")
+        if protocol is None:  # the protocol itself is wrong: that error says enough
+            return value
+        if protocol not in cls.SASL_PROTOCOLS and value is not None:
+            raise ValueError(
+                f"expected no SASL setting with security protocol {protocol}: set the protocol "
+                "to SASL_PLAINTEXT or SASL_SSL, or leave this unset"
+            )
+        if protocol in cls.SASL_PROTOCOLS and value is None:
+            expected = {
+                "sasl_mechanism": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+                "sasl_username": "the SASL user name",
+                "sasl_password": "the SASL password (from the environment or a password file)",
+            }[str(info.field_name)]
+            raise ValueError(f"missing: expected {expected} with security protocol {protocol}")
+        return value
+
+    def client_options(self) -> dict[str, Any]:
+        """The security settings as kafka-python client keyword arguments (``security_protocol``,
+        ``ssl_*``, ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``).
+
+        Every client takes them: producers, consumers, admin clients. The result holds the
+        passwords in clear: hand it to a client, never to a log.
+        """
+        options: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.security_protocol in self.TLS_PROTOCOLS:
+            options.update(
+                ssl_cafile=None if self.ssl_cafile is None else str(self.ssl_cafile),
+                ssl_certfile=None if self.ssl_certfile is None else str(self.ssl_certfile),
+                ssl_keyfile=None if self.ssl_keyfile is None else str(self.ssl_keyfile),
+                ssl_password=(
+                    None if self.ssl_password is None else self.ssl_password.get_secret_value()
+                ),
+                ssl_check_hostname=self.ssl_check_hostname,
+            )
+        if self.security_protocol in self.SASL_PROTOCOLS:
+            options.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=(
+                    None if self.sasl_password is None else self.sasl_password.get_secret_value()
+                ),
+            )
+        return options
+
+    def describe_security(self) -> str:
+        """How the clients connect, for a start-up line: no secret, e.g.
+        ``SASL_SSL, SCRAM-SHA-512 as 'minder-svc', client certificate``."""
+        parts: list[str] = [self.security_protocol]
+        if self.security_protocol in self.SASL_PROTOCOLS:
+            parts.append(f"{self.sasl_mechanism} as {self.sasl_username!r}")
+        if self.security_protocol in self.TLS_PROTOCOLS:
+            if self.ssl_certfile is not None:
+                parts.append("client certificate")
+            if not self.ssl_check_hostname:
+                parts.append("hostname not checked")
+        return ", ".join(parts)
 
 
 class PrometheusSourceSettings(BaseModel):
@@ -106,18 +274,89 @@ class DatabaseSettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
-    """HTTP API."""
+    """HTTP API (docs/operations.md, *API security*)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     token: str | None = Field(
-        None, description="bearer token required by mutating endpoints (PATCH); none = open"
+        None,
+        description="bearer token of the mutating endpoints (and of reads with protect_reads); "
+        "none = changes refused (403) unless open",
+    )
+    open: bool = Field(
+        False,
+        description="without a token, let anyone who reaches the port make changes (a trial on "
+        "a trusted network only; a warning is logged at start)",
+    )
+    protect_reads: bool = Field(
+        False,
+        description="every /api/v1 read needs the token too (/health, /ready, /metrics and the "
+        "docs stay open)",
+    )
+    allowed_hosts: list[str] | None = Field(
+        None,
+        description="Host header values accepted ('*.example.org' for subdomains, '*' any); "
+        "none = localhost, 127.0.0.1 and [::1] when bound to a loopback address, any otherwise",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins (https://grafana.example.org) allowed cross-origin requests; "
+        "none by default",
+    )
+    keep_alive_s: int = Field(5, ge=1, le=3600, description="idle keep-alive connections close")
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a request body that stalls this long gets 408 and its connection closed",
     )
     external_url: str | None = Field(
         None,
         pattern=r"^https?://",
         description="how operators reach this API (links in Alertmanager and webhooks)",
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Refuse contradictory security settings (one line naming the variables)."""
+        if self.token is not None and not self.token.strip():
+            self.token = None  # MINDER_API__TOKEN= (empty) means no token
+        if self.token is not None and self.open:
+            raise ValueError(
+                "open mode (MINDER_API__OPEN=true) and a token (MINDER_API__TOKEN) are both set: "
+                "expected one of them (the token restricts changes to its holders, open mode "
+                "lets anyone change)"
+            )
+        if self.protect_reads and self.token is None:
+            raise ValueError(
+                "protected reads (MINDER_API__PROTECT_READS=true) need a token: expected "
+                "MINDER_API__TOKEN too"
+            )
+        for pattern in self.allowed_hosts or ():
+            if not self._valid_host_pattern(pattern):
+                raise ValueError(
+                    f"host {pattern!r} of MINDER_API__ALLOWED_HOSTS: expected a host name or "
+                    "address, '*.example.org' or '*'"
+                )
+
+    def effective_allowed_hosts(self) -> list[str]:
+        """The Host header values the API accepts: :attr:`allowed_hosts`, else the loopback
+        names when bound to a loopback address (against DNS rebinding), else any (``["*"]``)."""
+        if self.allowed_hosts is not None:
+            return list(self.allowed_hosts)
+        bound = self.host.strip("[]").lower()
+        if bound in ("localhost", "::1") or bound.startswith("127."):
+            return ["localhost", "127.0.0.1", "[::1]"]
+        return ["*"]
+
+    @staticmethod
+    def _valid_host_pattern(pattern: str) -> bool:
+        """``*``, ``*.example.org``, a host name, an IPv4 address or a bracketed IPv6 one."""
+        if pattern == "*":
+            return True
+        name = pattern.removeprefix("*.")
+        if name.startswith("[") and name.endswith("]") and pattern == name:
+            return len(name) > 2
+        return bool(name) and not any(c.isspace() or c in "*/:@[]" for c in name)
 
 
 class DetectionSettings(BaseModel):
@@ -132,6 +371,41 @@ class DetectionSettings(BaseModel):
     method: str = Field("minder", description="detection method (detectors.methods.METHODS)")
     model_dir: Path | None = Field(None, description="trained model directory (minder train)")
     denoiser: str = Field("mean", description="filter of metrics without a trained denoiser")
+    max_jobs: int = Field(1_000, ge=1, description="jobs per worker; more are refused, counted")
+    new_job_max_age_s: float = Field(
+        86_400.0,
+        ge=0,
+        description="a batch older than this does not start a job (a replay of old data, a "
+        "broken clock); 0 = no limit",
+    )
+    max_machines_per_job: int = Field(20_000, ge=1)
+    max_series_per_machine: int = Field(4_096, ge=1)
+    max_name_length: int = Field(256, ge=8, description="job, machine, metric, device names")
+    max_pending_events: int = Field(10_000, ge=1)
+    event_skew_s: float = Field(
+        300.0, gt=0, description="an event farther than this from its batch's time is refused"
+    )
+    top_k_scores: int = Field(
+        20, ge=1, description="machines per job exported in minder_machine_score"
+    )
+
+    def service_limits(self) -> ServiceLimits:
+        """The bounds of one detection worker's state (``minder.service.engine``)."""
+        from detectors.window import WindowLimits  # noqa: PLC0415
+        from minder.service.engine import ServiceLimits  # noqa: PLC0415
+
+        return ServiceLimits(
+            max_jobs=self.max_jobs,
+            new_job_max_age_s=self.new_job_max_age_s or math.inf,
+            top_k_scores=self.top_k_scores,
+            window=WindowLimits(
+                max_machines=self.max_machines_per_job,
+                max_series_per_machine=self.max_series_per_machine,
+                max_name_length=self.max_name_length,
+                max_pending_events=self.max_pending_events,
+                event_skew_s=self.event_skew_s,
+            ),
+        )
 
     def detector_config(self) -> DetectorConfig:
         """These parameters as the detector takes them."""

@@ -12,6 +12,7 @@ SERVICE_METRICS = {
     "minder_batches_consumed_total",
     "minder_samples_consumed_total",
     "minder_batches_rejected_total",
+    "minder_rejected_total",
     "minder_decode_failures_total",
     "minder_dead_letters_total",
     "minder_processing_lag_seconds",

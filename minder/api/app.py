@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from minder import __version__
-from minder.api.deps import ApiContext, WhatIfContext
+from minder.api.deps import READ_RESPONSES, ApiContext, WhatIfContext, require_read_access
 from minder.api.errors import install_error_handlers
 from minder.api.routes import actions, alerts, deliveries, health, jobs, metrics, whatif
+from minder.api.security import DEFAULT_BODY_TIMEOUT_S, install_http_guards
 from minder.api.whatif_inputs import ScratchSpace
 from minder.api.whatif_runner import WhatIfMetrics, WhatIfRunner
 from minder.core.errors import ValidationError
 from minder.storage import SessionFactory
 from minder.storage.outbox import Destination
+
+logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 
@@ -36,6 +40,11 @@ def create_app(
     registry: CollectorRegistry | None = None,
     readiness: Callable[[], Mapping[str, bool]] | None = None,
     api_token: str | None = None,
+    open_access: bool = False,
+    protect_reads: bool = False,
+    allowed_hosts: Sequence[str] | None = None,
+    cors_origins: Sequence[str] = (),
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     whatif_roots: Sequence[Path] | None = None,
     whatif_workdir: Path | None = None,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
@@ -58,7 +67,22 @@ def create_app(
         Extra checks for ``/ready`` (e.g. ``{"kafka": True, "detector": True}``); it may be
         called from several threads at once, and an exception counts as not ready.
     api_token
-        When set (non-empty), mutating endpoints need ``Authorization: Bearer <api_token>``.
+        When set (non-empty), mutating endpoints need ``Authorization: Bearer <api_token>``;
+        when not, they are refused (403) unless ``open_access``.
+    open_access
+        Without a token, let anyone change alerts, the breaker and job settings, and submit
+        what-if analyses (logged as a warning); refused together with a token.
+    protect_reads
+        The ``/api/v1`` reads need the token too; ``/health``, ``/ready``, ``/metrics`` (at the
+        root and under ``/api/v1``) and the docs do not. Needs ``api_token``.
+    allowed_hosts
+        Host header values accepted (``*.example.org`` wildcards); another gets 400 (against
+        DNS rebinding). ``None``: any.
+    cors_origins
+        Browser origins allowed cross-origin requests; none by default, and a change from an
+        origin neither allowed nor the API's own is refused (403).
+    body_timeout_s
+        A request body that sends nothing for this long gets 408 and its connection closed.
     whatif_roots
         Directories whose files ``POST /api/v1/whatif`` with ``{"path": …}`` may analyse;
         ``None`` (the default) refuses server paths (403), leaving uploads only.
@@ -78,13 +102,29 @@ def create_app(
     Raises
     ------
     ValidationError
-        For a what-if root that is not a directory, or a non-positive ``max_upload_bytes``.
+        For a what-if root that is not a directory, a non-positive ``max_upload_bytes`` or
+        ``body_timeout_s``, a bad host pattern, or contradictory access options (a token with
+        ``open_access``, ``protect_reads`` without a token).
     """
+    token = api_token or None
+    if token is not None and open_access:
+        raise ValidationError(
+            "an API token and open access were both given: expected one of them (the token "
+            "restricts changes to its holders, open access lets anyone change)"
+        )
+    if protect_reads and token is None:
+        raise ValidationError("protect_reads needs an API token: expected api_token")
     if max_upload_bytes <= 0:
         raise ValidationError(f"max_upload_bytes {max_upload_bytes}: expected a positive size")
     roots = None if whatif_roots is None else tuple(_checked_root(r) for r in whatif_roots)
+    shown_roots = _shown_roots(whatif_roots or (), roots or ())
     the_registry = registry if registry is not None else REGISTRY
-    runner = WhatIfRunner(session_factory, WhatIfMetrics.on(the_registry), workers=whatif_workers)
+    runner = WhatIfRunner(
+        session_factory,
+        WhatIfMetrics.on(the_registry),
+        workers=whatif_workers,
+        shown_roots=shown_roots,
+    )
     scratch = ScratchSpace(whatif_workdir)
 
     @asynccontextmanager
@@ -107,31 +147,39 @@ def create_app(
         "what-if straggler analyses.",
         lifespan=lifespan,
     )
+    install_http_guards(
+        app, allowed_hosts=allowed_hosts, cors_origins=cors_origins, body_timeout_s=body_timeout_s
+    )
     app.state.minder = ApiContext(
         session_factory=session_factory,
         registry=the_registry,
         readiness=readiness,
-        api_token=api_token or None,
+        api_token=token,
         version=version,
         whatif=WhatIfContext(
-            runner=runner, roots=roots, scratch=scratch, max_upload_bytes=max_upload_bytes
+            runner=runner,
+            roots=roots,
+            scratch=scratch,
+            max_upload_bytes=max_upload_bytes,
+            shown_roots=shown_roots,
         ),
         destinations=tuple(destinations),
         on_enqueued=on_enqueued,
+        open_access=open_access,
+        protect_reads=protect_reads,
+        cors_origins=tuple(cors_origins),
     )
+    _log_access(token, open_access=open_access, protect_reads=protect_reads)
     # submissions work even when the server runs the app without its lifespan
     runner.start()
     install_error_handlers(app)
     v1 = APIRouter(prefix=API_PREFIX)
-    for router in (
-        health.router,
-        jobs.router,
-        alerts.router,
-        deliveries.router,
-        actions.router,
-        whatif.router,
-        metrics.router,
-    ):
+    for router in (jobs.router, alerts.router, deliveries.router, actions.router, whatif.router):
+        # reads need the token too when protect_reads (a no-op otherwise)
+        v1.include_router(
+            router, dependencies=[Depends(require_read_access)], responses=READ_RESPONSES
+        )
+    for router in (health.router, metrics.router):  # open to probes and scrapers, always
         v1.include_router(router)
     app.include_router(v1)
     # Prometheus scrapes /metrics, and probes ask /health and /ready, by convention; the
@@ -139,6 +187,28 @@ def create_app(
     app.include_router(metrics.router)
     app.include_router(health.router)
     return app
+
+
+def _log_access(token: str | None, *, open_access: bool, protect_reads: bool) -> None:
+    if open_access:
+        logger.warning(
+            "the API is open (MINDER_API__OPEN=true): anyone who can reach it may change alerts, "
+            "the actions breaker and job settings, and submit what-if analyses; set "
+            "MINDER_API__TOKEN instead outside a trial"
+        )
+    elif token is None:
+        logger.info(
+            "the API has no token (MINDER_API__TOKEN): it serves reads and refuses changes (403)"
+        )
+    else:
+        reads = "changes and reads need" if protect_reads else "changes need"
+        logger.info("the API's %s the bearer token (MINDER_API__TOKEN)", reads)
+
+
+def _shown_roots(configured: Sequence[Path], resolved: Sequence[Path]) -> tuple[Path, ...]:
+    """Each root as configured (absolute) and resolved: the forms error messages may hold."""
+    forms = {Path(root).expanduser().absolute() for root in configured} | set(resolved)
+    return tuple(sorted(forms))
 
 
 def _checked_root(root: Path | str) -> Path:

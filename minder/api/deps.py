@@ -6,13 +6,15 @@ import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
-from minder.api.whatif_inputs import ScratchSpace
+from minder.api.schemas import Problem
+from minder.api.whatif_inputs import ScratchSpace, relative_to_roots
 from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
 from minder.storage.engine import read_only
@@ -34,17 +36,38 @@ class WhatIfContext:
         Where uploads are saved until their analysis is over.
     max_upload_bytes
         Largest upload request body accepted.
+    shown_roots
+        The roots as configured and resolved: paths under them are shown to clients relative
+        to them (:meth:`relative`).
     """
 
     runner: WhatIfRunner
     roots: tuple[Path, ...] | None
     scratch: ScratchSpace
     max_upload_bytes: int
+    shown_roots: tuple[Path, ...] = ()
+
+    def relative(self, message: str) -> str:
+        """``message`` with the server paths under the roots written relative to them."""
+        return relative_to_roots(message, self.shown_roots)
 
 
 @dataclass(frozen=True, slots=True)
 class ApiContext:
-    """What :func:`~minder.api.app.create_app` was given; the routes' settings."""
+    """What :func:`~minder.api.app.create_app` was given; the routes' settings.
+
+    Attributes
+    ----------
+    api_token
+        The bearer token of changes (and of reads when ``protect_reads``); ``None``: changes are
+        refused (403) unless ``open_access``.
+    open_access
+        Without a token, changes are allowed to anyone (the operator's explicit choice).
+    protect_reads
+        The ``/api/v1`` reads need the token too (``/health``, ``/ready``, ``/metrics`` do not).
+    cors_origins
+        Browser origins allowed cross-origin requests; a change from another origin is refused.
+    """
 
     session_factory: SessionFactory
     registry: CollectorRegistry
@@ -54,6 +77,9 @@ class ApiContext:
     whatif: WhatIfContext
     destinations: tuple[Destination, ...] = ()
     on_enqueued: Callable[[], None] | None = None
+    open_access: bool = False
+    protect_reads: bool = False
+    cors_origins: tuple[str, ...] = ()
 
     def enqueued(self) -> None:
         """Outbox rows were committed: wake the delivery workers."""
@@ -83,25 +109,80 @@ def get_session(context: Context, request: Request) -> Iterator[Session]:
 
 DbSession = Annotated[Session, Depends(get_session)]
 
-_bearer = HTTPBearer(auto_error=False, description="the API token, when the server has one")
+_bearer = HTTPBearer(auto_error=False, description="the API token (MINDER_API__TOKEN)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+NO_TOKEN_DETAIL = (
+    "changes are disabled on this server: it has no API token. Set MINDER_API__TOKEN on the "
+    "server and send 'Authorization: Bearer <token>', or set MINDER_API__OPEN=true to allow "
+    "changes without a token"
+)
+
+MUTATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "missing or wrong bearer token"},
+    403: {
+        "model": Problem,
+        "description": "changes disabled (the server has no token and is not open), or a "
+        "cross-origin request from an origin not allowed",
+    },
+}
+"""The answers of :func:`require_token`, for the OpenAPI document of a mutating route."""
+
+READ_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": Problem,
+        "description": "missing or wrong bearer token (when the server protects reads)",
+    },
+}
+"""The answer of :func:`require_read_access`, for the OpenAPI document of a read."""
 
 
-def require_token(
-    context: Context,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Refuse a mutating request without ``Authorization: Bearer <token>`` when a token is set."""
-    if context.api_token is None:
-        return
+def _check_bearer(token: str, credentials: HTTPAuthorizationCredentials | None) -> None:
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "this endpoint needs 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not secrets.compare_digest(credentials.credentials.encode(), context.api_token.encode()):
+    if not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             "the bearer token is not valid",
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
+
+
+def _refuse_foreign_origin(request: Request, context: ApiContext) -> None:
+    """A browser's change from another site (its ``Origin``) is refused unless allowed (CSRF)."""
+    origin = request.headers.get("origin")
+    if origin is None or origin in context.cors_origins:
+        return
+    host = request.headers.get("host", "")
+    if origin != "null" and urlsplit(origin).netloc.lower() == host.lower():
+        return  # same origin: the API's own pages (/docs)
+    shown = origin if len(origin) <= 80 else origin[:77] + "..."
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        f"cross-origin change from origin {shown!r} refused: expected a request without an "
+        "Origin, from this server's own pages, or from an origin of MINDER_API__CORS_ORIGINS",
+    )
+
+
+def require_token(request: Request, context: Context, credentials: Credentials) -> None:
+    """Guard a mutating endpoint.
+
+    With a token, ``Authorization: Bearer <token>`` is needed (401 otherwise); without one, the
+    change is refused (403) unless the server is open. Either way a browser request from an
+    origin other than the API's own or an allowed one is refused (403).
+    """
+    _refuse_foreign_origin(request, context)
+    if context.api_token is not None:
+        _check_bearer(context.api_token, credentials)
+    elif not context.open_access:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, NO_TOKEN_DETAIL)
+
+
+def require_read_access(context: Context, credentials: Credentials) -> None:
+    """Guard a read: the bearer token is needed when the server protects reads."""
+    if context.protect_reads and context.api_token is not None:
+        _check_bearer(context.api_token, credentials)

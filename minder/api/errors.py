@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from minder.api.deps import ApiContext
 from minder.api.schemas import TransitionProblem
 from minder.core.errors import MinderError, NotFoundError, ValidationError
 from minder.storage import StatusTransitionError
@@ -22,17 +23,23 @@ def _transition(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body.model_dump(mode="json"), status_code=409)
 
 
-def _not_found(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=404)
+def _shown(request: Request, exc: Exception) -> str:
+    """The error's message as clients see it: server paths relative to the what-if roots."""
+    context: ApiContext | None = getattr(request.app.state, "minder", None)
+    return str(exc) if context is None else context.whatif.relative(str(exc))
 
 
-def _invalid(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=422)
+def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": _shown(request, exc)}, status_code=404)
+
+
+def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": _shown(request, exc)}, status_code=422)
 
 
 def _internal(request: Request, exc: Exception) -> JSONResponse:
     logger.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
-    return JSONResponse({"detail": str(exc)}, status_code=500)
+    return JSONResponse({"detail": _shown(request, exc)}, status_code=500)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -140,8 +141,22 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def _roots_text(roots: Sequence[Path]) -> str:
-    return ", ".join(repr(str(root)) for root in roots)
+OUTSIDE_ROOTS = "outside the directories this server may read (its what-if roots)"
+"""How a refused server path is described; the roots themselves are not shown to clients."""
+
+
+def relative_to_roots(text: str, roots: Iterable[Path]) -> str:
+    """``text`` with each path under one of ``roots`` written relative to it, a root as ``.``.
+
+    Error messages that reach clients name server files this way: the server's own layout
+    (where the roots lie, a resolved symbolic link) stays out of them.
+    """
+    prefixes = sorted({str(root) for root in roots if str(root) != os.sep}, key=len, reverse=True)
+    for prefix in prefixes:
+        # the root followed by a separator, or by what ends a path in a message
+        pattern = re.escape(prefix) + rf"(?:(?P<sep>{re.escape(os.sep)}+)|(?=[\s'\",;:)\]]|$))"
+        text = re.sub(pattern, lambda m: "" if m.group("sep") else ".", text)
+    return text
 
 
 def _candidates(raw: str, roots: Sequence[Path]) -> list[Path]:
@@ -154,9 +169,7 @@ def _resolve_one(raw: str, roots: Sequence[Path], what: str) -> Path:
     resolved = [candidate.resolve() for candidate in _candidates(raw, roots)]
     inside = [path for path in resolved if _inside(path, roots)]
     if not inside:
-        raise PathNotAllowedError(
-            f"{what} {raw!r} is outside the directories this server may read ({_roots_text(roots)})"
-        )
+        raise PathNotAllowedError(f"{what} {raw!r} is {OUTSIDE_ROOTS}")
     for path in inside:
         if path.exists():
             return path
@@ -168,10 +181,8 @@ def _checked_files(paths: Iterable[Path], roots: Sequence[Path], raw: str) -> li
     for path in paths:
         real = path.resolve()
         if not _inside(real, roots):  # a symbolic link out of the roots
-            raise PathNotAllowedError(
-                f"path {raw!r} leads to {str(path)!r}, outside the directories this server may "
-                f"read ({_roots_text(roots)})"
-            )
+            shown = relative_to_roots(str(path), roots)
+            raise PathNotAllowedError(f"path {raw!r} leads to {shown!r}, {OUTSIDE_ROOTS}")
         if real.is_file():
             files.append(real)
     return files
@@ -182,10 +193,7 @@ def _expand_glob(raw: str, roots: Sequence[Path]) -> list[Path]:
         parts = candidate.parts
         fixed = next(i for i, part in enumerate(parts) if _MAGIC.search(part))
         if not _inside(Path(*parts[:fixed]).resolve(), roots):
-            raise PathNotAllowedError(
-                f"path {raw!r} is outside the directories this server may read "
-                f"({_roots_text(roots)})"
-            )
+            raise PathNotAllowedError(f"path {raw!r} is {OUTSIDE_ROOTS}")
         matched = sorted(Path(p) for p in glob.glob(str(candidate)))
         if matched:
             return _checked_files(matched, roots, raw)
@@ -358,9 +366,11 @@ class _MultipartSink:
         self.pending: list[tuple[IO[bytes], bytes]] = []
         self.to_close: list[IO[bytes]] = []
         self.open_files: list[IO[bytes]] = []
+        self.ended = False
 
     def callbacks(self) -> MultipartCallbacks:
         return {
+            "on_end": self.on_end,
             "on_part_begin": self.on_part_begin,
             "on_part_data": self.on_part_data,
             "on_part_end": self.on_part_end,
@@ -369,6 +379,10 @@ class _MultipartSink:
             "on_header_end": self.on_header_end,
             "on_headers_finished": self.on_headers_finished,
         }
+
+    def on_end(self) -> None:
+        """The closing boundary arrived: the body is complete."""
+        self.ended = True
 
     def on_part_begin(self) -> None:
         self.part = _Part()
@@ -469,8 +483,8 @@ async def receive_upload(
     UploadTooLargeError
         When the body exceeds ``max_bytes`` (checked against Content-Length first).
     ValidationError
-        For a malformed body, an unsupported file type, an unknown field, or files that do not
-        make one analysis (see :func:`check_combination`).
+        For a malformed or truncated body (no closing boundary), an unsupported file type, an
+        unknown field, or files that do not make one analysis (see :func:`check_combination`).
     """
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -494,6 +508,13 @@ async def receive_upload(
             if sink.pending or sink.to_close:
                 await run_in_threadpool(sink.flush)
         _feed(parser, None)
+        if not sink.ended:
+            shown = boundary.decode("latin-1")
+            shown = shown if len(shown) <= 70 else shown[:67] + "..."
+            raise ValidationError(
+                f"the multipart body ends after {received} bytes without its closing boundary "
+                f"'--{shown}--': the upload was cut short (expected the complete body)"
+            )
         sink.flush()
     finally:
         sink.close_all()

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +21,7 @@ from weakref import WeakKeyDictionary
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from minder.api.whatif_inputs import relative_to_roots
 from minder.core.errors import MinderError, ValidationError
 from minder.storage import (
     SessionFactory,
@@ -168,6 +169,8 @@ class WhatIfRunner:
         Analyses running or waiting at once; more are refused (each may hold an upload on disk).
     analyze
         The analysis (:func:`whatif.analyze_path`; replaceable in tests).
+    shown_roots
+        Directories whose paths a stored error names relative to them (the what-if roots).
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class WhatIfRunner:
         workers: int = 1,
         max_backlog: int = 32,
         analyze: AnalyzeFn = analyze_path,
+        shown_roots: Sequence[Path] = (),
     ) -> None:
         if not 1 <= workers <= 4:
             raise ValidationError(f"what-if workers {workers} out of range: expected 1..4")
@@ -190,6 +194,7 @@ class WhatIfRunner:
         self._metrics = metrics
         self._workers = workers
         self._analyze = analyze
+        self._shown_roots = tuple(shown_roots)
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._queued: dict[Future[None], AnalysisTask] = {}
@@ -323,6 +328,8 @@ class WhatIfRunner:
         if task.scratch is not None:
             # uploaded files are known to the client by name: the server's directory is noise
             message = message.replace(f"{task.scratch}{os.sep}", "")
+        # a server file by its path under its root: the server's layout is not the client's
+        message = relative_to_roots(message, self._shown_roots)
         logger.warning("what-if report %s failed: %s", task.report_id, message)
         try:
             with self._sessions.begin() as session:

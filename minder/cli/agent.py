@@ -28,7 +28,21 @@ from collectors.agent import Agent
 from collectors.base import Source
 from collectors.ethtool import DEFAULT_TIMEOUT_S as DEFAULT_ETHTOOL_TIMEOUT_S
 from collectors.labels import discover_identity, parse_label
-from minder.cli.common import OutputFormat, err, fail, out
+from minder.cli.common import (
+    KafkaCaFileOption,
+    KafkaCertFileOption,
+    KafkaFlags,
+    KafkaKeyFileOption,
+    KafkaSaslMechanismOption,
+    KafkaSaslPasswordFileOption,
+    KafkaSaslUsernameOption,
+    KafkaSecurityProtocolOption,
+    OutputFormat,
+    err,
+    fail,
+    load_settings_with_kafka,
+    out,
+)
 from minder.core.codec import batch_to_dict
 from minder.core.errors import MinderError, ValidationError
 from minder.core.records import NodeBatch
@@ -168,6 +182,13 @@ def agent_command(
             show_default=False,
         ),
     ] = None,
+    kafka_security_protocol: KafkaSecurityProtocolOption = None,
+    kafka_ca_file: KafkaCaFileOption = None,
+    kafka_cert_file: KafkaCertFileOption = None,
+    kafka_key_file: KafkaKeyFileOption = None,
+    kafka_sasl_mechanism: KafkaSaslMechanismOption = None,
+    kafka_sasl_username: KafkaSaslUsernameOption = None,
+    kafka_sasl_password_file: KafkaSaslPasswordFileOption = None,
     spool_dir: Annotated[
         Path | None,
         typer.Option(
@@ -222,7 +243,12 @@ def agent_command(
         ),
     ] = True,
 ) -> None:
-    """Run the node agent: collect every interval, serve /metrics, send batches to Kafka."""
+    """Run the node agent: collect every interval, serve /metrics, send batches to Kafka.
+
+    Kafka with TLS or SASL: the --kafka-* options or the MINDER_KAFKA__* variables
+    (docs/operations.md, Kafka security); the SASL password comes from MINDER_KAFKA__SASL_PASSWORD
+    or --kafka-sasl-password-file, never from the command line.
+    """
     if not interval > 0:
         raise fail(f"--interval is {interval!r}: expected seconds > 0")
     if spool_max_bytes <= 0:
@@ -267,8 +293,17 @@ def agent_command(
         if once:
             _print_once(agent, interval, output_format)
             return
+        flags = KafkaFlags(
+            security_protocol=kafka_security_protocol,
+            ca_file=kafka_ca_file,
+            cert_file=kafka_cert_file,
+            key_file=kafka_key_file,
+            sasl_mechanism=kafka_sasl_mechanism,
+            sasl_username=kafka_sasl_username,
+            sasl_password_file=kafka_sasl_password_file,
+        )
         _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr, goodbye=goodbye)  # fmt: skip
+             metrics_addr, goodbye=goodbye, flags=flags)  # fmt: skip
     finally:
         agent.close()
 
@@ -321,22 +356,19 @@ def _run(
     metrics_addr: str,
     *,
     goodbye: bool = True,
+    flags: KafkaFlags | None = None,
 ) -> None:
-    from pydantic import ValidationError as PydanticValidationError  # noqa: PLC0415
-
     from collectors.agent import AgentExporter  # noqa: PLC0415
     from minder.agent_runner import AgentRunner  # noqa: PLC0415
-    from minder.config import Settings  # noqa: PLC0415
     from minder.stream.agent_sender import KafkaRecordSender  # noqa: PLC0415
     from minder.stream.spool import Spool  # noqa: PLC0415
 
-    try:
-        settings = Settings()
-    except PydanticValidationError as exc:  # a bad MINDER_* variable
-        raise fail(f"invalid settings: {exc}") from None
-    bootstrap = kafka or settings.kafka.bootstrap
+    # A bad MINDER_* variable or --kafka-* option: one line, secrets hidden.
+    settings = load_settings_with_kafka(flags or KafkaFlags(), bootstrap=kafka)
+    bootstrap = settings.kafka.bootstrap
     topic = settings.kafka.metrics_topic
     client_id = f"{settings.kafka.client_id}-agent"
+    client_options = settings.kafka.client_options()
     try:
         spool = Spool(spool_dir, spool_max_bytes)
     except ValidationError as exc:  # names the directory or file
@@ -344,7 +376,8 @@ def _run(
     except OSError as exc:
         raise fail(f"cannot open the spool {spool_dir}: {exc}") from None
     try:
-        KafkaRecordSender(bootstrap, topic=topic)  # settings check before the threads start
+        # settings check before the threads start
+        KafkaRecordSender(bootstrap, topic=topic, client_options=client_options)
     except ValidationError as exc:
         spool.close()
         raise fail(exc) from None
@@ -353,7 +386,9 @@ def _run(
         runner = AgentRunner(
             agent,
             spool,
-            lambda: KafkaRecordSender(bootstrap, topic=topic, client_id=client_id),
+            lambda: KafkaRecordSender(
+                bootstrap, topic=topic, client_id=client_id, client_options=client_options
+            ),
             goodbye=goodbye,
         )
         exporter.set_sender(runner.sender_counters)
@@ -367,7 +402,8 @@ def _run(
         err.print(
             f"minder agent {escape(agent.job)}/{escape(agent.node)}: "
             f"{', '.join(s.name for s in agent.sources)} every {agent.interval_s:g} s -> "
-            f"{escape(bootstrap)} ({topic}); spool {spool_dir}"
+            f"{escape(bootstrap)} ({topic}, {escape(settings.kafka.describe_security())}); "
+            f"spool {spool_dir}"
             + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
             + ("" if goodbye else "; no goodbye")
             + "; Ctrl-C stops"

@@ -153,6 +153,10 @@ class ApiUnauthorizedError(ApiError):
     """401: the endpoint needs a (valid) bearer token."""
 
 
+class ApiForbiddenError(ApiError):
+    """403: changes are disabled on the server (no token, not open), or refused for the request."""
+
+
 class ApiNotFoundError(ApiError):
     """404: no such alert (or job, report); the message is the API's detail."""
 
@@ -232,7 +236,8 @@ class MinderApi:
     url
         Where the API answers (``http://host:8080``; a trailing ``/api/v1`` is accepted).
     token
-        The bearer token of mutating requests (status changes, breaker reset).
+        The bearer token (the server's ``MINDER_API__TOKEN``), sent with every request: changes
+        need it, and reads when the server protects them (``MINDER_API__PROTECT_READS``).
     timeout
         Seconds to wait for connecting and for each answer.
     transport
@@ -458,6 +463,14 @@ class MinderApi:
                 f"the API refused the token of --token / {API_TOKEN_ENV} (HTTP 401: {shown})",
                 status,
             )
+        if status == 403:
+            raise ApiForbiddenError(f"the API refused {method} {where} (HTTP 403): {shown}", status)
+        if status == 400 and response.text.strip() == "Invalid host header":
+            raise ApiError(
+                f"the API refused the host name of {self.url} (HTTP 400: invalid Host): use a "
+                "name the server accepts, or add it to the server's MINDER_API__ALLOWED_HOSTS",
+                status,
+            )
         if status == 404 and detail and detail != "Not Found":
             raise ApiNotFoundError(detail, status)
         if status == 404:
@@ -502,7 +515,8 @@ TokenOption = Annotated[
     typer.Option(
         "--token",
         envvar=[API_TOKEN_ENV, SERVER_TOKEN_ENV],
-        help="bearer token of changes (the server's MINDER_API__TOKEN)",
+        help="bearer token (the server's MINDER_API__TOKEN): changes need it, and reads when "
+        "the server protects them",
         show_default=False,
         rich_help_panel="Connection",
     ),

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 from rich.console import Console
@@ -50,6 +51,142 @@ def load_settings() -> Settings:
         return Settings.load()
     except SettingsError as exc:
         raise fail(exc) from None
+
+
+# -- Kafka connection options (agent --kafka, simulate --kafka, serve) ------------------------
+
+KafkaSecurityProtocolOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka-security-protocol",
+        help="PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (default: "
+        "MINDER_KAFKA__SECURITY_PROTOCOL, else PLAINTEXT)",
+        show_default=False,
+    ),
+]
+KafkaCaFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kafka-ca-file",
+        help="PEM CA certificates of the brokers (default: MINDER_KAFKA__SSL_CAFILE, else the "
+        "system's)",
+        show_default=False,
+    ),
+]
+KafkaCertFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kafka-cert-file",
+        help="PEM client certificate for mutual TLS (MINDER_KAFKA__SSL_CERTFILE); the key's "
+        "password only from MINDER_KAFKA__SSL_PASSWORD",
+        show_default=False,
+    ),
+]
+KafkaKeyFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kafka-key-file",
+        help="PEM private key of --kafka-cert-file, if not in it (MINDER_KAFKA__SSL_KEYFILE)",
+        show_default=False,
+    ),
+]
+KafkaSaslMechanismOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka-sasl-mechanism",
+        help="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (MINDER_KAFKA__SASL_MECHANISM)",
+        show_default=False,
+    ),
+]
+KafkaSaslUsernameOption = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka-sasl-username",
+        help="SASL user name (MINDER_KAFKA__SASL_USERNAME)",
+        show_default=False,
+    ),
+]
+KafkaSaslPasswordFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--kafka-sasl-password-file",
+        help="file holding the SASL password (one line); else MINDER_KAFKA__SASL_PASSWORD. "
+        "Never on the command line",
+        show_default=False,
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaFlags:
+    """The Kafka connection options given on a command line (``None``: not given)."""
+
+    security_protocol: str | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password_file: Path | None = None
+
+    # field of KafkaFlags -> (field of KafkaSettings, command line option)
+    OPTIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        "security_protocol": ("security_protocol", "--kafka-security-protocol"),
+        "ca_file": ("ssl_cafile", "--kafka-ca-file"),
+        "cert_file": ("ssl_certfile", "--kafka-cert-file"),
+        "key_file": ("ssl_keyfile", "--kafka-key-file"),
+        "sasl_mechanism": ("sasl_mechanism", "--kafka-sasl-mechanism"),
+        "sasl_username": ("sasl_username", "--kafka-sasl-username"),
+        "sasl_password_file": ("sasl_password", "--kafka-sasl-password-file"),
+    }
+
+    def given(self) -> list[str]:
+        """The command line options given, e.g. ``["--kafka-ca-file"]``."""
+        return [flag for name, (_, flag) in self.OPTIONS.items() if getattr(self, name) is not None]
+
+
+def load_settings_with_kafka(flags: KafkaFlags, bootstrap: str | None = None) -> Settings:
+    """:func:`load_settings` with the Kafka options given (``bootstrap``: ``--kafka``) over their
+    ``MINDER_KAFKA__*`` variables, all checked together.
+
+    A bad value exits 2 with one line naming the option, or the variable when it came from the
+    environment, and what is expected; secrets are hidden.
+    """
+    from minder.config import ENV_DELIMITER, ENV_PREFIX, Settings, SettingsError  # noqa: PLC0415
+
+    changes: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    if bootstrap is not None:
+        changes["bootstrap"], names["bootstrap"] = bootstrap, "--kafka"
+    for name, (field, flag) in KafkaFlags.OPTIONS.items():
+        value = getattr(flags, name)
+        if value is not None:
+            changes[field] = _read_password(value, flag) if field == "sasl_password" else value
+            names[field] = flag
+    try:
+        return Settings.load(kafka=changes) if changes else Settings.load()
+    except SettingsError as exc:
+        message = str(exc)
+        for field, flag in names.items():  # a value given as an option is named by the option
+            message = message.replace(
+                f"{ENV_PREFIX}KAFKA{ENV_DELIMITER}{field.upper()}=", f"{flag}="
+            )
+        raise fail(message) from None
+
+
+def _read_password(path: Path, flag: str) -> str:
+    """The first line of ``path`` (a password file: its line break is not part of it)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise fail(
+            f"{flag} {path}: cannot be read ({why}): expected a readable text file"
+        ) from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise fail(f"{flag} {path}: its first line is empty: expected the password")
+    return password
 
 
 def progress() -> Progress:

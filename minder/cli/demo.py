@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from minder.core.alert import Alert
 
 if TYPE_CHECKING:
     from collectors.sim.scenario import Scenario
+    from minder.config import Settings
     from minder.service.stack import Stack
 
 logger = logging.getLogger(__name__)
@@ -97,12 +99,16 @@ def run_demo(
     database_url: str | None = None,
     on_tick: Callable[[int, int, int], None] | None = None,
     on_alert: Callable[[Alert, str], None] | None = None,
-    on_ready: Callable[[str, str], None] | None = None,
+    on_ready: Callable[[str, str, str], None] | None = None,
 ) -> DemoResult:
     """Run the demo for ``duration_s`` seconds of wall clock (Ctrl-C ends it early).
 
-    Callbacks: ``on_ready(api_url, metrics_url)``, ``on_tick(second, batches_so_far, alerts)``
-    after each published second, ``on_alert(alert, alert_url)`` for each new alert.
+    Callbacks: ``on_ready(api_url, metrics_url, access)`` (``access``: how to make changes
+    through the API), ``on_tick(second, batches_so_far, alerts)`` after each published second,
+    ``on_alert(alert, alert_url)`` for each new alert.
+
+    The API is secure by default here too: without MINDER_API__TOKEN (or MINDER_API__OPEN=true)
+    the demo makes a random token for its run, which ``access`` gives.
     """
     from collectors.sim.labels import scenario_labels  # noqa: PLC0415
     from collectors.sim.output import iter_batches  # noqa: PLC0415
@@ -118,13 +124,14 @@ def run_demo(
         settings.kafka.group_id = "minder-demo"
         settings.database.url = database_url or f"sqlite:///{workdir / 'minder.db'}"
         settings.api.port = port or free_port()
+        access = _demo_access(settings)
         stack: Stack = build_stack(settings)
         cleanup.callback(stack.stop)  # also when the start fails half-way
         stack.start()
         api_url = f"{stack.api_url}/api/v1"
         metrics_url = f"{stack.api_url}/metrics"
         if on_ready is not None:
-            on_ready(api_url, metrics_url)
+            on_ready(api_url, metrics_url, access)
 
         producer = cleanup.enter_context(BatchProducer(broker.bootstrap))
         origin = time.time() + 1.0
@@ -162,6 +169,17 @@ def run_demo(
         result.alerts = list(stack.service.alerts)
         result.duration_s = time.monotonic() - started
         return result
+
+
+def _demo_access(settings: Settings) -> str:
+    """Give the demo's API a random token unless the operator chose one or open mode; say how
+    to make changes."""
+    if settings.api.open:
+        return "changes: open to anyone (MINDER_API__OPEN=true)"
+    if settings.api.token is not None:
+        return "changes: with the token of MINDER_API__TOKEN"
+    settings.api.token = secrets.token_urlsafe(24)
+    return f"changes: --token {settings.api.token} (this run's token)"
 
 
 def _report_new(
@@ -216,8 +234,8 @@ def demo_command(
     with progress() as bar:
         task = bar.add_task("job running", total=min(duration, scenario.duration_s))
 
-        def ready(api: str, metrics: str) -> None:
-            bar.console.print(f"API: [link]{api}[/]   metrics: [link]{metrics}[/]")
+        def ready(api: str, metrics: str, access: str) -> None:
+            bar.console.print(f"API: [link]{api}[/]   metrics: [link]{metrics}[/]   {access}")
 
         def tick(second: int, batches: int, alerts: int) -> None:
             bar.update(task, completed=second, description=f"{batches} batches, {alerts} alert(s)")

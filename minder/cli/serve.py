@@ -11,7 +11,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from minder.cli.common import err, fail, load_settings
+from minder.cli.common import (
+    KafkaCaFileOption,
+    KafkaCertFileOption,
+    KafkaFlags,
+    KafkaKeyFileOption,
+    KafkaSaslMechanismOption,
+    KafkaSaslPasswordFileOption,
+    KafkaSaslUsernameOption,
+    KafkaSecurityProtocolOption,
+    err,
+    fail,
+    load_settings_with_kafka,
+)
 
 if TYPE_CHECKING:
     from minder.config import Settings
@@ -36,6 +48,18 @@ def resolve_source(settings: Settings, chosen: SourceChoice | None) -> SourceCho
     if settings.prometheus.url is not None and not kafka_set:
         return SourceChoice.prometheus
     return SourceChoice.kafka
+
+
+def describe_access(settings: Settings) -> str:
+    """How the API is guarded, for the start-up line (never the token itself)."""
+    api = settings.api
+    if api.open:
+        return "API open to changes by anyone (MINDER_API__OPEN=true)"
+    if api.token is None:
+        return "API read-only: changes refused until MINDER_API__TOKEN is set"
+    if api.protect_reads:
+        return "API changes and reads need the token"
+    return "API changes need the token"
 
 
 def serve_command(
@@ -67,6 +91,13 @@ def serve_command(
             show_default=False,
         ),
     ] = None,
+    kafka_security_protocol: KafkaSecurityProtocolOption = None,
+    kafka_ca_file: KafkaCaFileOption = None,
+    kafka_cert_file: KafkaCertFileOption = None,
+    kafka_key_file: KafkaKeyFileOption = None,
+    kafka_sasl_mechanism: KafkaSaslMechanismOption = None,
+    kafka_sasl_username: KafkaSaslUsernameOption = None,
+    kafka_sasl_password_file: KafkaSaslPasswordFileOption = None,
 ) -> None:
     """Run the detection service and its HTTP API (settings from MINDER_* variables).
 
@@ -74,12 +105,29 @@ def serve_command(
     come from it, and alerts are published on it whatever the source; without one it stops at
     once and says so. For a trial on one machine, --embedded-broker starts one. With --source
     prometheus the metrics come from MINDER_PROMETHEUS__URL instead, polled every
-    MINDER_PROMETHEUS__STEP_S seconds. SIGTERM and Ctrl-C stop it cleanly.
+    MINDER_PROMETHEUS__STEP_S seconds. SIGTERM and Ctrl-C stop it cleanly. Kafka with TLS or
+    SASL: the --kafka-* options or MINDER_KAFKA__* variables (docs/operations.md, Kafka
+    security); the SASL password only from MINDER_KAFKA__SASL_PASSWORD or a password file.
     """
     from minder.core.errors import MinderError  # noqa: PLC0415
     from minder.logging_setup import configure_logging  # noqa: PLC0415
 
-    settings = load_settings()
+    flags = KafkaFlags(
+        security_protocol=kafka_security_protocol,
+        ca_file=kafka_ca_file,
+        cert_file=kafka_cert_file,
+        key_file=kafka_key_file,
+        sasl_mechanism=kafka_sasl_mechanism,
+        sasl_username=kafka_sasl_username,
+        sasl_password_file=kafka_sasl_password_file,
+    )
+    settings = load_settings_with_kafka(flags)
+    if embedded_broker and settings.kafka.security_protocol != "PLAINTEXT":
+        raise fail(
+            f"--embedded-broker with Kafka security protocol {settings.kafka.security_protocol}: "
+            "expected PLAINTEXT (the embedded broker has no TLS or SASL); drop the --kafka-* "
+            "options and MINDER_KAFKA__SECURITY_PROTOCOL"
+        )
     if host is not None:
         settings.api.host = host
     if port is not None:
@@ -124,8 +172,9 @@ def serve_command(
             stack.start()
         except MinderError as exc:
             raise fail(exc) from None
+        kafka_line = f"Kafka {settings.kafka.bootstrap} ({settings.kafka.describe_security()}"
         inputs = (
-            [f"Kafka {settings.kafka.bootstrap}" + ("" if use_kafka else " (alerts)")]
+            [kafka_line + (")" if use_kafka else ", alerts)")]
             if needs_broker or embedded_broker
             else []
         )
@@ -136,7 +185,7 @@ def serve_command(
             )
         err.print(
             f"Minder is serving on {stack.api_url} (API /api/v1, docs /docs, metrics /metrics, "
-            f"{', '.join(inputs)}); Ctrl-C or SIGTERM stops it"
+            f"{', '.join(inputs)}; {describe_access(settings)}); Ctrl-C or SIGTERM stops it"
         )
         try:
             while not stop.wait(0.5):

@@ -9,10 +9,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from minder.cli.common import (
+    KafkaCaFileOption,
+    KafkaCertFileOption,
+    KafkaFlags,
+    KafkaKeyFileOption,
+    KafkaSaslMechanismOption,
+    KafkaSaslPasswordFileOption,
+    KafkaSaslUsernameOption,
+    KafkaSecurityProtocolOption,
     err,
     fail,
     load_scenario,
-    load_settings,
+    load_settings_with_kafka,
     out,
     progress,
     scenario_machines,
@@ -20,6 +28,7 @@ from minder.cli.common import (
 
 if TYPE_CHECKING:
     from collectors.sim.scenario import Scenario
+    from minder.config import KafkaSettings
 
 
 def simulate_command(
@@ -38,15 +47,41 @@ def simulate_command(
     realtime: Annotated[
         bool, typer.Option(help="with --kafka: publish at wall-clock pace, timestamps from now")
     ] = False,
+    kafka_security_protocol: KafkaSecurityProtocolOption = None,
+    kafka_ca_file: KafkaCaFileOption = None,
+    kafka_cert_file: KafkaCertFileOption = None,
+    kafka_key_file: KafkaKeyFileOption = None,
+    kafka_sasl_mechanism: KafkaSaslMechanismOption = None,
+    kafka_sasl_username: KafkaSaslUsernameOption = None,
+    kafka_sasl_password_file: KafkaSaslPasswordFileOption = None,
 ) -> None:
-    """Simulate a cluster from a scenario file: write the metric table or publish to Kafka."""
+    """Simulate a cluster from a scenario file: write the metric table or publish to Kafka.
+
+    With --kafka, the connection (TLS, SASL) comes from the --kafka-* options and the
+    MINDER_KAFKA__* variables; the SASL password only from MINDER_KAFKA__SASL_PASSWORD or
+    --kafka-sasl-password-file.
+    """
     from collectors.sim.labels import write_scenario_labels  # noqa: PLC0415
     from collectors.sim.output import write_scenario_table  # noqa: PLC0415
     from minder.core.errors import MinderError  # noqa: PLC0415
 
+    flags = KafkaFlags(
+        security_protocol=kafka_security_protocol,
+        ca_file=kafka_ca_file,
+        cert_file=kafka_cert_file,
+        key_file=kafka_key_file,
+        sasl_mechanism=kafka_sasl_mechanism,
+        sasl_username=kafka_sasl_username,
+        sasl_password_file=kafka_sasl_password_file,
+    )
+    if kafka is None and flags.given():
+        raise fail(f"{', '.join(flags.given())} without --kafka: expected --kafka BOOTSTRAP too")
     scenario = load_scenario(scenario_file)
     if output is None and kafka is None:
         raise fail("nothing to do: give -o FILE and/or --kafka BOOTSTRAP")
+    settings = None
+    if kafka is not None:  # checked before simulating: a bad option must not wait for that
+        settings = load_settings_with_kafka(flags, bootstrap=kafka)
     try:
         if output is not None:
             with err.status(
@@ -56,24 +91,28 @@ def simulate_command(
             out.print(f"wrote {path}")
         if labels is not None:
             out.print(f"wrote {write_scenario_labels(scenario, labels)}")
-        if kafka is not None:
-            sent = _publish(scenario, kafka, realtime)
+        if settings is not None:
+            sent = _publish(scenario, settings.kafka, realtime)
             out.print(f"published {sent} batches to {kafka}")
     except (MinderError, OSError) as exc:
         raise fail(exc) from None
 
 
-def _publish(scenario: Scenario, bootstrap: str, realtime: bool) -> int:
+def _publish(scenario: Scenario, kafka: KafkaSettings, realtime: bool) -> int:
     from collectors.sim.output import iter_batches  # noqa: PLC0415
     from minder.stream.producer import BatchProducer  # noqa: PLC0415
     from minder.stream.topics import ensure_topics  # noqa: PLC0415
 
-    settings = load_settings()
-    ensure_topics(bootstrap, {settings.kafka.metrics_topic: settings.kafka.partitions})
+    client_options = kafka.client_options()
+    ensure_topics(
+        kafka.bootstrap, {kafka.metrics_topic: kafka.partitions}, client_options=client_options
+    )
     sent = 0
     start = time.time() + 1.0 if realtime else None
     with (
-        BatchProducer(bootstrap, topic=settings.kafka.metrics_topic) as producer,
+        BatchProducer(
+            kafka.bootstrap, topic=kafka.metrics_topic, client_options=client_options
+        ) as producer,
         progress() as bar,
     ):
         task = bar.add_task("publishing", total=scenario.duration_s)

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from detectors.base import DetectorFactory, JobDetector
-from detectors.window import NEVER, JobWindow
+from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
 from minder.core.records import NodeBatch
 from minder.service.telemetry import ServiceMetrics
@@ -78,6 +78,21 @@ class JobSnapshot:
     machines: list[MachineSnapshot]
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceLimits:
+    """Bounds on the state one detection worker keeps, against hostile or broken producers;
+    each counted when hit (``minder_batches_rejected_total``, ``minder_rejected_total``)."""
+
+    max_jobs: int = 1_000
+    """Jobs per worker; a batch of a new job beyond it is refused."""
+    new_job_max_age_s: float = math.inf
+    """A batch older than this does not start a job (a replay, a broken clock); the service's
+    settings default to a day."""
+    top_k_scores: int = 20
+    """Machines per job exported in ``minder_machine_score`` (the highest scores)."""
+    window: WindowLimits = field(default_factory=WindowLimits)
+
+
 @dataclass(slots=True)
 class JobState:
     """A job's window, its detector and how far it has been evaluated."""
@@ -120,6 +135,7 @@ class DetectionService:
         idle_job_s: float = 900.0,
         max_future_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        limits: ServiceLimits | None = None,
     ) -> None:
         self.factory = factory
         self.grace_s = grace_s
@@ -130,6 +146,9 @@ class DetectionService:
         self.idle_job_s = idle_job_s
         self.max_future_s = max_future_s
         self.clock = clock
+        self.limits = limits or ServiceLimits()
+        self._exported_scores: dict[str, set[str]] = {}
+        self._refused_once: set[str] = set()
         # Alerts the store could not take yet: retried every tick, so none is lost to a
         # passing database outage (the detector raises each fault once).
         self._unstored: list[Alert] = []
@@ -174,13 +193,24 @@ class DetectionService:
                 continue
             state = self.jobs.get(batch.job)
             if state is None:
+                refused = self._refuse_new_job(batch, now_wall)
+                if refused:
+                    self.metrics.batches_rejected.labels(reason=refused).inc()
+                    continue
                 detector = self.factory()
-                state = JobState(JobWindow(batch.job, detector.horizon_s), detector)
+                window = JobWindow(batch.job, detector.horizon_s, limits=self.limits.window)
+                state = JobState(window, detector)
                 self.jobs[batch.job] = state
                 self._load_open_alerts(batch.job)
-                logger.info("new job %s", batch.job)
+                logger.info("new job %s", batch.job[:64])
             before = state.window.stats.too_old
+            rejected_before = dict(state.window.stats.rejected)
             state.window.add_batch(batch)
+            for reason, count in state.window.stats.rejected.items():
+                if count != rejected_before.get(reason, 0):
+                    self.metrics.rejected.labels(reason=reason).inc(
+                        count - rejected_before.get(reason, 0)
+                    )
             state.last_batch_wall = now_wall
             self.metrics.samples_too_old.inc(state.window.stats.too_old - before)
             self.metrics.samples.inc(len(batch.samples))
@@ -197,6 +227,29 @@ class DetectionService:
         if placed:
             self.metrics.lag.set(max(0.0, now_wall - newest_ts))
         return placed
+
+    def _refuse_new_job(self, batch: NodeBatch, now_wall: float) -> str | None:
+        """Why a batch may not start a new job (None: it may): a job id too long, too many jobs
+        on this worker, or data too old to be a live job (a replay or a broken clock)."""
+        lim = self.limits
+        if len(batch.job) > lim.window.max_name_length:
+            reason = "name_too_long"
+        elif len(self.jobs) >= lim.max_jobs:
+            reason = "too_many_jobs"
+        elif batch.ts < now_wall - lim.new_job_max_age_s:
+            reason = "too_old_for_new_job"
+        else:
+            return None
+        if reason not in self._refused_once:
+            self._refused_once.add(reason)
+            logger.warning(
+                "batch of job %r node %r refused (%s; counted in minder_batches_rejected_total, "
+                "said once per reason)",
+                batch.job[:64],
+                batch.node[:64],
+                reason,
+            )
+        return reason
 
     # -- detection --------------------------------------------------------------------------
     def tick(self) -> list[Alert]:
@@ -438,8 +491,17 @@ class DetectionService:
     def _persist(self, state: JobState, sec: int) -> None:
         self._last_persist[state.window.job] = sec
         snapshot = self.snapshot(state.window.job)
-        for machine in snapshot.machines:
+        # The top-k machines of each job only: a series per machine of a 10,000-machine job
+        # would swamp Prometheus; the store keeps every machine's score.
+        top = sorted(snapshot.machines, key=lambda m: m.score, reverse=True)
+        top = top[: self.limits.top_k_scores]
+        shown = {m.machine for m in top}
+        for gone in self._exported_scores.get(snapshot.job, set()) - shown:
+            with contextlib.suppress(KeyError):
+                self.metrics.machine_score.remove(snapshot.job, gone)
+        for machine in top:
             self.metrics.machine_score.labels(snapshot.job, machine.machine).set(machine.score)
+        self._exported_scores[snapshot.job] = shown
         if self.store is None:
             return
         try:
@@ -448,8 +510,8 @@ class DetectionService:
             logger.exception("could not save the state of job %s", snapshot.job)
 
     def _retire(self, job: str) -> None:
-        state = self.jobs.pop(job)
+        self.jobs.pop(job)
         logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
-        self.metrics.forget_job(job, [info.name for info in state.window.machines])
+        self.metrics.forget_job(job, sorted(self._exported_scores.pop(job, set())))
         self._open_by_machine.pop(job, None)
         self._last_persist.pop(job, None)

@@ -85,12 +85,17 @@ class Stack:
             self.poller.start()
         if not api:
             return
+        api_settings = self.settings.api
         config = uvicorn.Config(
             self.app,
-            host=self.settings.api.host,
-            port=self.settings.api.port,
+            host=api_settings.host,
+            port=api_settings.port,
             log_level="warning",
             access_log=False,
+            # idle keep-alive connections close; a stalled request body is the app's 408
+            # (MINDER_API__BODY_TIMEOUT_S)
+            timeout_keep_alive=api_settings.keep_alive_s,
+            server_header=False,
         )
         self.server = uvicorn.Server(config)
         thread = threading.Thread(target=self.server.run, name="minder-api", daemon=True)
@@ -166,6 +171,7 @@ def build_stack(
     service_type = SharedDetectionService if source == "both" else DetectionService
     service = service_type(
         factory,
+        limits=settings.detection.service_limits(),
         grace_s=settings.detection.grace_s,
         metrics=metrics,
         store=store,
@@ -200,6 +206,11 @@ def build_stack(
         registry=metrics.registry,
         readiness=readiness,
         api_token=settings.api.token,
+        open_access=settings.api.open,
+        protect_reads=settings.api.protect_reads,
+        allowed_hosts=settings.api.effective_allowed_hosts(),
+        cors_origins=settings.api.cors_origins,
+        body_timeout_s=settings.api.body_timeout_s,
         whatif_roots=settings.whatif.roots or None,
         whatif_workdir=settings.whatif.workdir,
         max_upload_bytes=settings.whatif.max_upload_bytes,

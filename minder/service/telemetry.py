@@ -43,7 +43,15 @@ class ServiceMetrics:
         )
         self.batches_rejected = Counter(
             "minder_batches_rejected_total",
-            "Decoded batches refused by the service (e.g. timestamps far in the future)",
+            "Decoded batches refused by the service (timestamps far in the future, a job id too "
+            "long, too many jobs, too old to start a job)",
+            ["reason"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "minder_rejected_total",
+            "Samples, events and batches a job window refused at its limits, by reason "
+            "(name_too_long, too_many_machines, too_many_series, too_many_events, event_time)",
             ["reason"],
             registry=r,
         )
@@ -163,7 +171,16 @@ class ServiceMetrics:
             self.alerts.labels(kind=kind.value)
         for change in ("joined", "left", "left_together", "quiet"):
             self.membership_changes.labels(change=change)
-        self.batches_rejected.labels(reason="future_timestamp")
+        for reason in ("future_timestamp", "name_too_long", "too_many_jobs", "too_old_for_new_job"):
+            self.batches_rejected.labels(reason=reason)
+        for reason in (
+            "name_too_long",
+            "too_many_machines",
+            "too_many_series",
+            "too_many_events",
+            "event_time",
+        ):
+            self.rejected.labels(reason=reason)
         self.init_store()
 
     def init_store(self) -> None:

@@ -5,6 +5,8 @@
 - :class:`BatchProducer`, :class:`AlertPublisher`, :class:`JsonPublisher`: producers.
 - :class:`BatchConsumer`: the detection service's consumer (manual commits, dead letters).
 - :func:`read_dead_letters`: read the dead-letter topic back.
+- :func:`connection_config`: the security options (TLS, SASL) every client above takes as
+  ``client_options`` (from :meth:`minder.config.KafkaSettings.client_options`).
 """
 
 from minder.stream.broker import EmbeddedBroker, free_port, resolve_tansu_binary
@@ -16,9 +18,11 @@ from minder.stream.producer import (
     JsonPublisher,
     ProducerStats,
 )
-from minder.stream.topics import ensure_topics, minder_topics
+from minder.stream.security import CONNECTION_OPTIONS, connection_config
+from minder.stream.topics import check_reachable, ensure_topics, minder_topics
 
 __all__ = [
+    "CONNECTION_OPTIONS",
     "REASON_CLASSES",
     "AlertPublisher",
     "BatchConsumer",
@@ -30,6 +34,8 @@ __all__ = [
     "JsonPublisher",
     "PollOutcome",
     "ProducerStats",
+    "check_reachable",
+    "connection_config",
     "ensure_topics",
     "free_port",
     "minder_topics",

@@ -33,6 +33,7 @@ from kafka.errors import (
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import METRICS_TOPIC
 from minder.stream.producer import close_producer
+from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ class KafkaRecordSender:
         How long creating the client may try to reach a broker.
     extra_config
         Further ``KafkaProducer`` settings, overriding the above.
+    client_options
+        Connection settings (security protocol, TLS, SASL):
+        :meth:`minder.config.KafkaSettings.client_options`.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class KafkaRecordSender:
         max_block_ms: int = 2_000,
         bootstrap_timeout_ms: int = 2_000,
         extra_config: Mapping[str, Any] | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not bootstrap:
             raise ValidationError("Kafka bootstrap is empty: expected host:port[,host:port…]")
@@ -128,6 +133,7 @@ class KafkaRecordSender:
             "reconnect_backoff_max_ms": 1000,
             "allow_auto_create_topics": False,
         }
+        self._config.update(connection_config(client_options))
         self._config.update(extra_config or {})
         self._producer: KafkaProducer | None = None
 

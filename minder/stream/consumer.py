@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -53,6 +53,7 @@ from minder.stream.deadletter import (
     describe_failure,
     reason_class,
 )
+from minder.stream.security import connection_config
 
 if TYPE_CHECKING:
     from kafka.producer.future import FutureRecordMetadata
@@ -226,6 +227,9 @@ class BatchConsumer:
         Source of "now" for the lag (unix seconds).
     extra_config
         Further ``KafkaConsumer`` settings, overriding the above.
+    client_options
+        Connection settings (security protocol, TLS, SASL) of the consumer and of its dead-letter
+        producer: :meth:`minder.config.KafkaSettings.client_options`.
     """
 
     def __init__(
@@ -244,6 +248,7 @@ class BatchConsumer:
         bootstrap_timeout_ms: int = 10_000,
         clock: Callable[[], float] = time.time,
         extra_config: dict[str, Any] | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValidationError(
@@ -267,6 +272,7 @@ class BatchConsumer:
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
         self._auto_offset_reset = auto_offset_reset
         self._closed = False
+        connection = connection_config(client_options)
         config: dict[str, Any] = {
             "bootstrap_servers": bootstrap,
             "group_id": group_id,
@@ -281,6 +287,7 @@ class BatchConsumer:
             "reconnect_backoff_max_ms": 1000,
             # Topics come from ensure_topics (see the producer); a missing one is waited for.
             "allow_auto_create_topics": False,
+            **connection,
         }
         config.update(extra_config or {})
         try:
@@ -300,6 +307,7 @@ class BatchConsumer:
                 bootstrap_timeout_ms=bootstrap_timeout_ms,
                 reconnect_backoff_max_ms=1000,
                 allow_auto_create_topics=False,
+                **connection,
             )
         except KafkaError as exc:
             self._consumer.close(autocommit=False)
@@ -319,6 +327,7 @@ class BatchConsumer:
             "max_poll_interval_ms": settings.max_poll_interval_ms,
             "session_timeout_ms": settings.session_timeout_ms,
             "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+            "client_options": settings.client_options(),
         }
         options.update(overrides)
         return cls(settings.bootstrap, **options)

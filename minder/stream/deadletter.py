@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kafka import KafkaConsumer
 from kafka.consumer.fetcher import ConsumerRecord
@@ -20,6 +21,7 @@ from kafka.structs import TopicPartition
 
 from minder.core.errors import BrokerError, DecodeError
 from minder.core.records import DEADLETTER_TOPIC
+from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +157,13 @@ def read_dead_letters(
     *,
     timeout_s: float = 10.0,
     client_id: str = "minder-deadletter-reader",
+    client_options: Mapping[str, Any] | None = None,
 ) -> list[DeadLetter]:
     """Read every message in the dead-letter topic as of now, without a consumer group.
 
     Returns the dead letters ordered by partition and offset; an absent topic gives ``[]``.
+    ``client_options``: connection settings (security protocol, TLS, SASL), as
+    :meth:`minder.config.KafkaSettings.client_options` gives them.
 
     Raises
     ------
@@ -166,6 +171,7 @@ def read_dead_letters(
         The broker cannot be reached, or the topic could not be read to its end in
         ``timeout_s``.
     """
+    connection = connection_config(client_options)
     try:
         consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -174,6 +180,7 @@ def read_dead_letters(
             fetch_max_wait_ms=100,
             enable_auto_commit=False,
             request_timeout_ms=max(1000, int(timeout_s * 1000)),
+            **connection,
         )
     except KafkaError as exc:
         raise BrokerError(f"cannot reach the Kafka brokers at {bootstrap!r}: {exc!r}") from exc

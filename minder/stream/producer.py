@@ -30,6 +30,7 @@ from minder.core.alert import Alert
 from minder.core.codec import DEFAULT_FORMAT, WireFormat, encode_batch
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
+from minder.stream.security import connection_config
 
 if TYPE_CHECKING:
     from minder.config import KafkaSettings
@@ -116,6 +117,7 @@ class _Publisher:
         delivery_timeout_ms: int,
         bootstrap_timeout_ms: int,
         extra_config: Mapping[str, Any] | None,
+        client_options: Mapping[str, Any] | None = None,
         max_resends: int = 3,
         resend_backoff_s: float = 0.5,
     ) -> None:
@@ -152,6 +154,7 @@ class _Publisher:
             # broker's defaults because a client happened to ask first.
             "allow_auto_create_topics": False,
         }
+        config.update(connection_config(client_options))
         config.update(extra_config or {})
         try:
             self._producer = KafkaProducer(**config)
@@ -310,6 +313,9 @@ class BatchProducer(_Publisher):
         :class:`BrokerError`.
     extra_config
         Further ``KafkaProducer`` settings, overriding the above.
+    client_options
+        Connection settings every client shares (security protocol, TLS, SASL):
+        :meth:`minder.config.KafkaSettings.client_options`.
     """
 
     def __init__(
@@ -327,6 +333,7 @@ class BatchProducer(_Publisher):
         delivery_timeout_ms: int = 120_000,
         bootstrap_timeout_ms: int = 10_000,
         extra_config: Mapping[str, Any] | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(
             bootstrap,
@@ -340,6 +347,7 @@ class BatchProducer(_Publisher):
             delivery_timeout_ms=delivery_timeout_ms,
             bootstrap_timeout_ms=bootstrap_timeout_ms,
             extra_config=extra_config,
+            client_options=client_options,
         )
         self.fmt = WireFormat(fmt)
 
@@ -349,6 +357,7 @@ class BatchProducer(_Publisher):
         options: dict[str, Any] = {
             "topic": settings.metrics_topic,
             "client_id": f"{settings.client_id}-agent",
+            "client_options": settings.client_options(),
         }
         options.update(overrides)
         return cls(settings.bootstrap, **options)
@@ -365,7 +374,10 @@ class BatchProducer(_Publisher):
 
 
 class JsonPublisher(_Publisher):
-    """Publishes JSON objects (orjson) to one topic, with a string key."""
+    """Publishes JSON objects (orjson) to one topic, with a string key.
+
+    The parameters are those of :class:`BatchProducer`.
+    """
 
     def __init__(
         self,
@@ -381,6 +393,7 @@ class JsonPublisher(_Publisher):
         delivery_timeout_ms: int = 120_000,
         bootstrap_timeout_ms: int = 10_000,
         extra_config: Mapping[str, Any] | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(
             bootstrap,
@@ -394,6 +407,7 @@ class JsonPublisher(_Publisher):
             delivery_timeout_ms=delivery_timeout_ms,
             bootstrap_timeout_ms=bootstrap_timeout_ms,
             extra_config=extra_config,
+            client_options=client_options,
         )
 
     def publish(self, key: str, data: Mapping[str, Any], headers: Headers | None = None) -> None:
@@ -424,7 +438,10 @@ class AlertPublisher(JsonPublisher):
     @classmethod
     def from_settings(cls, settings: KafkaSettings, **overrides: Any) -> AlertPublisher:
         """Build from the ``kafka`` section of the settings."""
-        options: dict[str, Any] = {"client_id": f"{settings.client_id}-alerts"}
+        options: dict[str, Any] = {
+            "client_id": f"{settings.client_id}-alerts",
+            "client_options": settings.client_options(),
+        }
         options.update(overrides)
         return cls(settings.bootstrap, settings.alerts_topic, **options)
 

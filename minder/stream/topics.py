@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Mapping
+from typing import Any
 
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
@@ -12,6 +13,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC, TRACES_TOPIC
+from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +44,18 @@ def ensure_topics(
     replication_factor: int = 1,
     client_id: str = "minder-admin",
     timeout_s: float = 30.0,
+    client_options: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Create the topics of ``topics`` (name → partitions) that do not exist yet.
 
     Idempotent: existing topics are left alone (a warning is logged when one has fewer
     partitions than asked, since partitions are never changed behind the operator's back), and
-    a topic created concurrently by someone else counts as existing.
+    a topic created concurrently by someone else counts as existing. ``client_options``: the
+    connection settings (security protocol, TLS, SASL) of
+    :meth:`minder.config.KafkaSettings.client_options`.
+
+    ACLs: DESCRIBE on the topics (listing them), and CREATE on the cluster or on the topic names
+    only when one is missing.
 
     Returns
     -------
@@ -62,6 +70,7 @@ def ensure_topics(
         The broker cannot be reached or refuses to create a topic.
     """
     validate_topics(topics)
+    connection = connection_config(client_options)
     if not topics:
         return []
     timeout_ms = int(timeout_s * 1000)
@@ -71,6 +80,7 @@ def ensure_topics(
             client_id=client_id,
             request_timeout_ms=timeout_ms,
             bootstrap_timeout_ms=timeout_ms,
+            **connection,
         )
     except KafkaError as exc:
         raise BrokerError(f"cannot reach the Kafka brokers at {bootstrap!r}: {exc!r}") from exc
@@ -93,6 +103,10 @@ def check_reachable(bootstrap: str, timeout_s: float = 5.0) -> None:
 
     kafka-python retries an unreachable bootstrap for its whole request timeout and logs each
     attempt; a plain connect per address answers in well under ``timeout_s`` in total.
+
+    Only TCP: nothing is sent, so a TLS or SASL listener counts as reachable like a plaintext
+    one (no security settings needed here); a failed handshake or authentication shows up when
+    the clients connect, in their own errors.
 
     Raises
     ------

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from minder.api.deps import Context, DbSession, require_token
+from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, require_token
 from minder.api.schemas import (
     AuditOut,
     AuditPage,
@@ -14,7 +14,6 @@ from minder.api.schemas import (
     BreakerReset,
     JobSettingsChange,
     JobSettingsOut,
-    Problem,
 )
 from minder.storage.actions import (
     ACTIONS_BREAKER,
@@ -31,9 +30,6 @@ from minder.storage.outbox import AlertEvent, enqueue
 router = APIRouter(tags=["actions"])
 
 BREAKER = ACTIONS_BREAKER
-_AUTH: dict[int | str, dict[str, Any]] = {
-    401: {"model": Problem, "description": "missing or wrong bearer token"}
-}
 
 
 @router.get("/actions", response_model=AuditPage, summary="List the action audit trail")
@@ -74,7 +70,7 @@ def breaker(session: DbSession) -> BreakerOut:
     "/breaker/reset",
     response_model=BreakerOut,
     dependencies=[Depends(require_token)],
-    responses=_AUTH,
+    responses=MUTATION_RESPONSES,
     summary="Reset the actions circuit breaker",
 )
 def reset(change: BreakerReset, session: DbSession, context: Context) -> BreakerOut:
@@ -103,7 +99,7 @@ def job_settings(job: str, session: DbSession) -> JobSettingsOut:
     "/jobs/{job}/settings",
     response_model=JobSettingsOut,
     dependencies=[Depends(require_token)],
-    responses=_AUTH,
+    responses=MUTATION_RESPONSES,
     summary="Opt a job in or out of scheduler actions",
 )
 def change_job_settings(job: str, change: JobSettingsChange, session: DbSession) -> JobSettingsOut:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from minder.api.deps import Context, DbSession, require_token
+from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, require_token
 from minder.api.schemas import AlertOut, AlertPage, AlertStatusChange, Problem, TransitionProblem
 from minder.core.alert import AlertKind, AlertStatus
 from minder.core.errors import ValidationError
@@ -63,7 +63,7 @@ def alert(alert_id: str, session: DbSession) -> AlertOut:
     dependencies=[Depends(require_token)],
     responses={
         **_NOT_FOUND,
-        401: {"model": Problem, "description": "missing or wrong bearer token"},
+        **MUTATION_RESPONSES,
         409: {"model": TransitionProblem, "description": "the life cycle forbids this change"},
     },
     summary="Change an alert's status",

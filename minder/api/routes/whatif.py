@@ -14,7 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from minder.api.deps import Context, DbSession, WhatIfContext, require_token
+from minder.api.deps import (
+    MUTATION_RESPONSES,
+    Context,
+    DbSession,
+    WhatIfContext,
+    require_token,
+)
 from minder.api.schemas import (
     Problem,
     WhatIfAccepted,
@@ -86,11 +92,19 @@ _REQUEST_BODY: dict[str, Any] = {
     dependencies=[Depends(require_token)],
     openapi_extra=_REQUEST_BODY,
     responses={
-        401: {"model": Problem, "description": "missing or wrong bearer token"},
-        403: {"model": Problem, "description": "server paths disabled, or outside the roots"},
+        **MUTATION_RESPONSES,
+        403: {
+            "model": Problem,
+            "description": "changes disabled (no token, not open), a cross-origin request from "
+            "an origin not allowed, server paths disabled, or a path outside the roots",
+        },
+        408: {"model": Problem, "description": "the request body stalled"},
         413: {"model": Problem, "description": "the upload is larger than the server accepts"},
         415: {"model": Problem, "description": "neither multipart/form-data nor JSON"},
-        422: {"model": Problem, "description": "unsupported file type, missing path, bad spec"},
+        422: {
+            "model": Problem,
+            "description": "unsupported file type, truncated upload, missing path, bad spec",
+        },
         503: {"model": Problem, "description": "too many analyses waiting, or shutting down"},
     },
     summary="Submit a what-if analysis",
@@ -187,7 +201,7 @@ async def _from_server_path(
     try:
         inputs = await run_in_threadpool(resolve_server_inputs, body.path, body.meta, whatif.roots)
     except PathNotAllowedError as exc:
-        raise HTTPException(http_status.HTTP_403_FORBIDDEN, str(exc)) from None
+        raise HTTPException(http_status.HTTP_403_FORBIDDEN, whatif.relative(str(exc))) from None
     task = AnalysisTask(
         report_id=report_id,
         traces=inputs.traces,
@@ -195,7 +209,8 @@ async def _from_server_path(
         what_ifs=_checked_what_ifs(body.what_ifs),
         job=body.job,
     )
-    return task, inputs.describe("path", full_paths=True)
+    # server files by their path under their root, as error messages name them
+    return task, whatif.relative(inputs.describe("path", full_paths=True))
 
 
 def _single(values: list[str], name: str) -> str | None:

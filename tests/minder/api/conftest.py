@@ -1,4 +1,8 @@
-"""API fixtures: every test using ``sessions``/``client`` runs on SQLite and PostgreSQL."""
+"""API fixtures: every test using ``sessions``/``client`` runs on SQLite and PostgreSQL.
+
+The ``client`` serves an app with the API token :data:`TOKEN` and sends it with every request
+(the API refuses changes without a token unless it is open).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import functools
 from collections.abc import Iterator
 
 import pytest
+from api_testing import AUTH, TOKEN
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
@@ -47,5 +52,6 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 def client(sessions: SessionFactory, registry: CollectorRegistry) -> Iterator[TestClient]:
-    with TestClient(create_app(sessions, registry=registry)) as test_client:
+    app = create_app(sessions, registry=registry, api_token=TOKEN)
+    with TestClient(app, headers=AUTH) as test_client:
         yield test_client

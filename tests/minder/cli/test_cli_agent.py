@@ -345,3 +345,152 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         assert received and {(b.job, b.node) for b in received} == {("jk", "nk")}
     finally:
         broker.close()
+
+
+# -- Kafka security options ----------------------------------------------------------------
+
+AGENT_SECRET = "agent-secret-not-for-output"
+
+
+def _record_agent_clients(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Replace the agent's runner by one that makes its Kafka sender once and sends one record,
+    and kafka-python's producer by a recorder of its keyword arguments: a fake, because no TLS or
+    SASL broker runs here (the embedded Tansu is plaintext only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka.errors import KafkaTimeoutError
+
+        import minder.agent_runner as runner_module
+        import minder.stream.agent_sender as sender_module
+    made: list[dict[str, object]] = []
+
+    class Producer:
+        def __init__(self, **config: object) -> None:
+            made.append(config)
+
+        def send(self, *args: object, **kwargs: object) -> None:
+            raise KafkaTimeoutError("no broker in this test")
+
+        def flush(self, *args: object, **kwargs: object) -> None:
+            return None
+
+        def close(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    class OneSend:
+        def __init__(self, agent: object, spool: object, make_sender: object, **_: object) -> None:
+            self.make_sender = make_sender
+
+        def sender_counters(self) -> None:
+            return None
+
+        def run(self) -> None:
+            sender = self.make_sender()  # type: ignore[operator]
+            sender.send([("j", b"{}")], timeout_s=0.2)
+            sender.close()
+
+    monkeypatch.setattr(sender_module, "KafkaProducer", Producer)
+    monkeypatch.setattr(runner_module, "AgentRunner", OneSend)
+    return made
+
+
+def test_kafka_options_reach_the_agents_producer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _record_agent_clients(monkeypatch)
+    password_file = tmp_path / "sasl-password"
+    password_file.write_text(AGENT_SECRET + "\n")
+    args = [
+        *_spool_args(tmp_path, tmp_path / "spool"),
+        "--kafka-security-protocol",
+        "sasl_plaintext",
+        "--kafka-sasl-mechanism",
+        "SCRAM-SHA-256",
+        "--kafka-sasl-username",
+        "agent-7",
+        "--kafka-sasl-password-file",
+        str(password_file),
+    ]
+    result = runner.invoke(app, args, env={**_clean_env(), "COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert len(made) == 1
+    config = made[0]
+    assert config["bootstrap_servers"] == "127.0.0.1:1"  # --kafka
+    assert {k: config[k] for k in config if k.startswith(("security", "sasl"))} == {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": "agent-7",
+        "sasl_plain_password": AGENT_SECRET,  # the file's first line, without its line break
+    }
+    assert "SASL_PLAINTEXT, SCRAM-SHA-256 as 'agent-7'" in result.stderr
+    assert AGENT_SECRET not in result.output
+
+
+def test_kafka_password_from_the_environment_and_options_over_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = _record_agent_clients(monkeypatch)
+    env = {
+        **_clean_env(),
+        "MINDER_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "MINDER_KAFKA__SASL_MECHANISM": "PLAIN",
+        "MINDER_KAFKA__SASL_USERNAME": "from-env",
+        "MINDER_KAFKA__SASL_PASSWORD": AGENT_SECRET,
+    }
+    args = [*_spool_args(tmp_path, tmp_path / "spool"), "--kafka-sasl-username", "from-flag"]
+    result = runner.invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert made[0]["security_protocol"] == "SASL_SSL"
+    assert made[0]["sasl_plain_username"] == "from-flag"
+    assert made[0]["sasl_plain_password"] == AGENT_SECRET
+    assert made[0]["ssl_check_hostname"] is True
+    assert AGENT_SECRET not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (
+            ["--kafka-security-protocol", "SASL_SSL"],
+            {},
+            "MINDER_KAFKA__SASL_MECHANISM='None': missing: expected PLAIN, SCRAM-SHA-256 or "
+            "SCRAM-SHA-512 with security protocol SASL_SSL",
+        ),
+        (
+            ["--kafka-sasl-mechanism", "PLAIN"],
+            {},
+            "--kafka-sasl-mechanism='PLAIN': expected no SASL setting with security protocol "
+            "PLAINTEXT",
+        ),
+        (
+            ["--kafka-security-protocol", "SSL", "--kafka-ca-file", "/nonexistent/ca.pem"],
+            {},
+            "--kafka-ca-file='/nonexistent/ca.pem': does not exist or is not readable",
+        ),
+        (["--kafka-security-protocol", "tls"], {}, "--kafka-security-protocol='TLS': input"),
+        (
+            ["--kafka-sasl-password-file", "/nonexistent/password"],
+            {},
+            "--kafka-sasl-password-file /nonexistent/password: cannot be read",
+        ),
+        (
+            [],
+            {"MINDER_KAFKA__SASL_PASSWORD": AGENT_SECRET},
+            "MINDER_KAFKA__SASL_PASSWORD=<hidden>: expected no SASL setting",
+        ),
+    ],
+)
+def test_bad_kafka_options_exit_2_in_one_line_without_secrets(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    result = runner.invoke(
+        app,
+        [*_spool_args(tmp_path, tmp_path / "spool"), *args],
+        env={**_clean_env(), **env, "COLUMNS": "400"},
+    )
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0]
+    assert AGENT_SECRET not in result.output
+    assert not (tmp_path / "spool").exists()  # refused before anything started

@@ -43,6 +43,7 @@ def _settings(bootstrap: str, database_url: str) -> Settings:
     settings.kafka.partitions = 2
     settings.database.url = database_url
     settings.api.port = free_port()
+    settings.detection.new_job_max_age_s = 0  # the simulated stream is dated by its scenario
     return settings
 
 

@@ -1,0 +1,440 @@
+"""The API secure by default: tokens, open mode, protected reads, Host, CORS, timeouts, paths."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from api_testing import AUTH, TOKEN, uvicorn_serving
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from minder.api import create_app
+from minder.api.whatif_inputs import relative_to_roots
+from minder.cli.demo import _demo_access
+from minder.cli.serve import describe_access
+from minder.config import ApiSettings, Settings, SettingsError
+from minder.core.alert import Alert, AlertKind, AlertStatus
+from minder.core.errors import ValidationError
+from minder.storage import SessionFactory, get_alert, record_alert
+
+BOUNDARY = "minder-security-boundary"
+MULTIPART = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
+EVIL = "https://evil.example"
+
+
+def multipart(name: str = "trace.parquet", data: bytes = b"x", *, closed: bool = True) -> bytes:
+    """A one-file multipart body, with or without its closing boundary."""
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="files"; filename="{name}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    return head + data + (f"\r\n--{BOUNDARY}--\r\n".encode() if closed else b"")
+
+
+@pytest.fixture
+def alert_id(sessions: SessionFactory) -> str:
+    alert = Alert(
+        job="j1",
+        machine="m1",
+        kind=AlertKind.RULE,
+        metric="gpu_xid_count",
+        score=1.0,
+        first_ts=100.0,
+        detected_ts=101.0,
+    )
+    with sessions.begin() as session:
+        record_alert(session, alert)
+    return alert.id
+
+
+def status_of(sessions: SessionFactory, alert_id: str) -> AlertStatus:
+    with sessions() as session:
+        return get_alert(session, alert_id).status
+
+
+def serve(sessions: SessionFactory, **options: Any) -> TestClient:
+    return TestClient(create_app(sessions, registry=CollectorRegistry(), **options))
+
+
+# -- changes need a token, or open mode ---------------------------------------------------------
+
+
+def test_without_a_token_changes_are_refused_and_reads_served(
+    sessions: SessionFactory, alert_id: str, tmp_path: Path
+) -> None:
+    with serve(sessions, whatif_workdir=tmp_path / "work") as client:
+        changes = [
+            client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}),
+            client.post("/api/v1/whatif", content=multipart(), headers=MULTIPART),
+            client.post("/api/v1/whatif", json={"path": "st"}),
+            client.post("/api/v1/breaker/reset", json={"by": "ops"}),
+            client.put("/api/v1/jobs/j1/settings", json={"actions_enabled": False}),
+            # a token the server does not have changes nothing
+            client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers=AUTH),
+        ]
+        for response in changes:
+            assert response.status_code == 403, (response.request.url, response.text)
+            detail = response.json()["detail"]
+            assert "changes are disabled on this server: it has no API token" in detail
+            assert "MINDER_API__TOKEN" in detail and "MINDER_API__OPEN=true" in detail
+        assert client.get(f"/api/v1/alerts/{alert_id}").status_code == 200
+        assert client.get("/api/v1/whatif").json()["total"] == 0
+        assert client.get("/api/v1/jobs/j1/settings").json()["actions_enabled"] is True
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
+    assert not any((tmp_path / "work").glob("*/*"))  # the upload was never read
+
+
+def test_with_a_token_changes_without_it_get_401(
+    sessions: SessionFactory, alert_id: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with serve(sessions, api_token=TOKEN, whatif_workdir=tmp_path) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            patch = client.patch(
+                f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers=headers
+            )
+            upload = client.post(
+                "/api/v1/whatif", content=multipart(), headers={**MULTIPART, **headers}
+            )
+            for response in (patch, upload):
+                assert response.status_code == 401, response.text
+                assert response.headers["www-authenticate"].startswith("Bearer")
+        assert status_of(sessions, alert_id) is AlertStatus.OPEN
+        ok = client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers=AUTH)
+        assert ok.status_code == 200 and ok.json()["status"] == "resolved"
+        assert client.get(f"/api/v1/alerts/{alert_id}").status_code == 200  # reads stay open
+    assert "changes need the bearer token" in caplog.text
+    assert TOKEN not in caplog.text  # the token is never logged
+
+
+def test_open_mode_allows_changes_and_says_so_in_a_warning(
+    sessions: SessionFactory, alert_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="minder.api.app"):
+        client = serve(sessions, open_access=True)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "MINDER_API__OPEN=true" in warnings[0].getMessage()
+    with client:
+        response = client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "acknowledged"})
+        assert response.status_code == 200, response.text
+    assert status_of(sessions, alert_id) is AlertStatus.ACKNOWLEDGED
+
+
+def test_contradictory_access_options_are_refused(sessions: SessionFactory) -> None:
+    registry = CollectorRegistry()
+    with pytest.raises(ValidationError, match="token and open access were both given"):
+        create_app(sessions, registry=registry, api_token=TOKEN, open_access=True)
+    with pytest.raises(ValidationError, match="protect_reads needs an API token"):
+        create_app(sessions, registry=registry, protect_reads=True)
+    with pytest.raises(ValidationError, match=re.escape("allowed host 'a.*.org'")):
+        create_app(sessions, registry=registry, allowed_hosts=["a.*.org"])
+    with pytest.raises(ValidationError, match="body timeout 0 s"):
+        create_app(sessions, registry=registry, body_timeout_s=0)
+
+
+# -- protected reads ----------------------------------------------------------------------------
+
+
+def test_protected_reads_need_the_token_but_probes_and_metrics_do_not(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    with serve(sessions, api_token=TOKEN, protect_reads=True) as client:
+        reads = [
+            "/api/v1/alerts",
+            f"/api/v1/alerts/{alert_id}",
+            "/api/v1/jobs",
+            "/api/v1/jobs/j1/settings",
+            "/api/v1/deliveries",
+            "/api/v1/actions",
+            "/api/v1/breaker",
+            "/api/v1/whatif",
+        ]
+        for path in reads:
+            assert client.get(path).status_code == 401, path
+            assert client.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert client.get(path, headers=AUTH).status_code == 200, path
+        for path in ("/health", "/ready", "/metrics", "/api/v1/health", "/api/v1/ready"):
+            assert client.get(path).status_code == 200, path
+        assert client.get("/api/v1/metrics").status_code == 200
+        assert client.get("/openapi.json").status_code == 200
+        assert client.get("/docs").status_code == 200
+
+
+# -- Host allow-list and CORS -------------------------------------------------------------------
+
+
+def test_a_host_not_allowed_gets_400(sessions: SessionFactory) -> None:
+    hosts = ApiSettings(host="127.0.0.1").effective_allowed_hosts()
+    with serve(sessions, allowed_hosts=hosts) as client:
+        for host in ("localhost:8080", "127.0.0.1:8080", "[::1]:8080", "LOCALHOST"):
+            assert client.get("/health", headers={"host": host}).status_code == 200, host
+        for host in ("evil.example", "evil.example:8080", "127.0.0.2", "localhost.evil.example"):
+            response = client.get("/api/v1/alerts", headers={"host": host})
+            assert response.status_code == 400, host
+            assert response.text == "Invalid host header"
+    with serve(sessions, allowed_hosts=["*.example.org"]) as client:
+        assert client.get("/health", headers={"host": "minder.example.org"}).status_code == 200
+        assert client.get("/health", headers={"host": "example.com"}).status_code == 400
+
+
+def test_the_default_hosts_follow_the_bind_address() -> None:
+    loopback = ["localhost", "127.0.0.1", "[::1]"]
+    assert ApiSettings().effective_allowed_hosts() == loopback
+    assert ApiSettings(host="::1").effective_allowed_hosts() == loopback
+    assert ApiSettings(host="localhost").effective_allowed_hosts() == loopback
+    assert ApiSettings(host="0.0.0.0").effective_allowed_hosts() == ["*"]
+    assert ApiSettings(host="10.0.0.5").effective_allowed_hosts() == ["*"]
+    chosen = ApiSettings(host="0.0.0.0", allowed_hosts=["minder.example.org", "10.0.0.5"])
+    assert chosen.effective_allowed_hosts() == ["minder.example.org", "10.0.0.5"]
+
+
+def test_a_preflight_from_an_unknown_origin_gets_no_allow_header(sessions: SessionFactory) -> None:
+    preflight = {
+        "origin": EVIL,
+        "access-control-request-method": "PATCH",
+        "access-control-request-headers": "authorization, content-type",
+    }
+    with serve(sessions, api_token=TOKEN) as client:
+        response = client.options("/api/v1/alerts/x", headers=preflight)
+        assert response.status_code == 400
+        assert "access-control-allow-origin" not in response.headers
+        read = client.get("/api/v1/alerts", headers={"origin": EVIL})
+        assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
+    grafana = "https://grafana.example.org"
+    with serve(sessions, api_token=TOKEN, cors_origins=[grafana]) as client:
+        allowed = client.options("/api/v1/alerts/x", headers={**preflight, "origin": grafana})
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == grafana
+        assert "PATCH" in allowed.headers["access-control-allow-methods"]
+        refused = client.options("/api/v1/alerts/x", headers=preflight)
+        assert "access-control-allow-origin" not in refused.headers
+
+
+def test_a_cross_origin_multipart_post_is_refused(
+    sessions: SessionFactory, alert_id: str, tmp_path: Path
+) -> None:
+    """What a web page's form can send to the API: refused with or without a server token, and
+    in open mode too (the Origin is checked on every change)."""
+    browser = {**MULTIPART, "origin": EVIL}
+    for options in ({}, {"api_token": TOKEN}, {"open_access": True}):
+        with serve(sessions, whatif_workdir=tmp_path, **options) as client:
+            response = client.post("/api/v1/whatif", content=multipart(), headers=browser)
+            assert response.status_code == 403, (options, response.text)
+            assert "access-control-allow-origin" not in response.headers
+            assert client.get("/api/v1/whatif").json()["total"] == 0
+    with serve(sessions, open_access=True) as client:
+        foreign = client.patch(
+            f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers={"origin": EVIL}
+        )
+        assert foreign.status_code == 403
+        assert f"cross-origin change from origin {EVIL!r} refused" in foreign.json()["detail"]
+        null = client.patch(
+            f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers={"origin": "null"}
+        )
+        assert null.status_code == 403
+        # the API's own pages (/docs) send their own origin
+        own = client.patch(
+            f"/api/v1/alerts/{alert_id}",
+            json={"status": "resolved"},
+            headers={"origin": "http://testserver"},
+        )
+        assert own.status_code == 200, own.text
+
+
+# -- timeouts and truncated bodies --------------------------------------------------------------
+
+
+def stalled_exchange(port: int, head: bytes, partial: bytes) -> tuple[float, bytes]:
+    """Send a request's head and part of its body, then wait: the answer, and the seconds until
+    the server closed the connection (a socket timeout fails the test)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + partial)
+        started = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return time.monotonic() - started, answer
+
+
+@pytest.mark.parametrize("endpoint", ["upload", "patch"])
+def test_a_stalled_body_gets_408_and_the_connection_closed(
+    sessions: SessionFactory, alert_id: str, tmp_path: Path, endpoint: str
+) -> None:
+    workdir = tmp_path / "work"
+    app = create_app(
+        sessions,
+        registry=CollectorRegistry(),
+        api_token=TOKEN,
+        body_timeout_s=1.0,
+        whatif_workdir=workdir,
+    )
+    if endpoint == "upload":
+        body = multipart(data=b"\0" * 4096)
+        head = (
+            "POST /api/v1/whatif HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: {MULTIPART['content-type']}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+    else:
+        body = json.dumps({"status": "resolved", "by": "x" * 100}).encode()
+        head = (
+            f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+    with uvicorn_serving(app) as port:
+        elapsed, answer = stalled_exchange(port, head, body[: len(body) // 2])
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"connection: close" in answer.lower()
+        assert b"the request body stalled: no data for 1 s" in answer
+        assert 0.9 <= elapsed < 4.0, elapsed
+        # the server goes on serving
+        health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        assert stalled_exchange(port, health, b"")[1].startswith(b"HTTP/1.1 200 ")
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
+    assert not any(workdir.glob("*/*"))  # the partial upload was removed
+
+
+def test_a_truncated_multipart_body_gets_422(client: TestClient, tmp_path: Path) -> None:
+    body = multipart(data=b"PAR1" + b"\0" * 2048, closed=False)
+    response = client.post("/api/v1/whatif", content=body, headers=MULTIPART)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail == (
+        f"the multipart body ends after {len(body)} bytes without its closing boundary "
+        f"'--{BOUNDARY}--': the upload was cut short (expected the complete body)"
+    )
+    assert client.get("/api/v1/whatif").json()["total"] == 0  # nothing queued
+
+
+# -- paths relative to the roots ----------------------------------------------------------------
+
+
+@pytest.fixture
+def aliased_root(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``(alias, real)``: the configured root is a symbolic link to the real directory."""
+    real = tmp_path / "disks" / "real"
+    (real / "st").mkdir(parents=True)
+    (real / "st" / "rank-0.json").write_text("{not json")
+    pd.DataFrame({"rank": [0, 1], "duration": [1.0, 2.0]}).to_parquet(real / "bad.parquet")
+    (tmp_path / "secret.parquet").write_bytes(b"x")
+    (real / "link.parquet").symlink_to(tmp_path / "secret.parquet")
+    alias = tmp_path / "traces"
+    alias.symlink_to(real)
+    yield alias, real
+    shutil.rmtree(tmp_path / "disks", ignore_errors=True)
+
+
+def poll(client: TestClient, report_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        body: dict[str, Any] = client.get(f"/api/v1/whatif/{report_id}").json()
+        if body["status"] in ("done", "failed"):
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.02)
+
+
+def test_error_messages_name_server_files_relative_to_the_roots(
+    sessions: SessionFactory, aliased_root: tuple[Path, Path], tmp_path: Path
+) -> None:
+    alias, real = aliased_root
+    with serve(sessions, api_token=TOKEN, whatif_roots=[alias]) as client:
+        client.headers.update(AUTH)
+        submitted = client.post("/api/v1/whatif", json={"path": "st"})
+        assert submitted.status_code == 202, submitted.text
+        failed = poll(client, submitted.json()["id"])
+        assert failed["status"] == "failed"
+        assert failed["error"].startswith("st/rank-0.json: cannot read a Kineto JSON trace")
+        assert failed["source"] == "path: st/rank-0.json"
+        absolute = client.post("/api/v1/whatif", json={"path": str(real / "bad.parquet")})
+        assert poll(client, absolute.json()["id"])["status"] == "failed"
+        for path in ("link.parquet", "link*", str(tmp_path / "secret.parquet"), "../../x"):
+            refused = client.post("/api/v1/whatif", json={"path": path})
+            assert refused.status_code == 403, (path, refused.text)
+            assert "outside the directories this server may read" in refused.json()["detail"]
+            shown = refused.json()["detail"].replace(repr(path), "")
+            assert str(tmp_path) not in shown, shown
+        reports = client.get("/api/v1/whatif").json()["items"]
+        for report in reports:
+            assert str(tmp_path) not in json.dumps(report)
+
+
+def test_relative_to_roots_rewrites_only_paths_under_a_root() -> None:
+    roots = [Path("/srv/traces"), Path("/mnt/nfs/traces")]
+    text = (
+        "/srv/traces/st/a.json: bad; '/mnt/nfs/traces/b.parquet' and /srv/traces2/c, "
+        "root /srv/traces, other /etc/passwd"
+    )
+    assert relative_to_roots(text, roots) == (
+        "st/a.json: bad; 'b.parquet' and /srv/traces2/c, root ., other /etc/passwd"
+    )
+    assert relative_to_roots("/x/y", [Path("/")]) == "/x/y"
+
+
+# -- settings and the commands' wording ---------------------------------------------------------
+
+
+def test_contradictory_settings_stop_the_service_in_one_line(
+    no_api_variables: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch = no_api_variables
+    monkeypatch.setenv("MINDER_API__TOKEN", "sup3r-secret-value")
+    monkeypatch.setenv("MINDER_API__OPEN", "true")
+    with pytest.raises(SettingsError) as both:
+        Settings.load()
+    assert "open mode (MINDER_API__OPEN=true) and a token (MINDER_API__TOKEN) are both set" in str(
+        both.value
+    )
+    assert "sup3r-secret-value" not in str(both.value) and "\n" not in str(both.value)
+    monkeypatch.delenv("MINDER_API__OPEN")
+    monkeypatch.setenv("MINDER_API__TOKEN", "")
+    monkeypatch.setenv("MINDER_API__PROTECT_READS", "true")
+    with pytest.raises(
+        SettingsError, match="PROTECT_READS=true\\) need a token: expected MINDER_API__TOKEN"
+    ):
+        Settings.load()
+    monkeypatch.delenv("MINDER_API__PROTECT_READS")
+    assert Settings.load().api.token is None  # an empty token is no token
+    monkeypatch.setenv("MINDER_API__ALLOWED_HOSTS", '["minder.*.org"]')
+    with pytest.raises(
+        SettingsError, match=re.escape("host 'minder.*.org' of MINDER_API__ALLOWED_HOSTS")
+    ):
+        Settings.load()
+
+
+@pytest.fixture
+def no_api_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """The environment without the API's settings (the tests set those they need)."""
+    for name in list(os.environ):
+        if name.startswith("MINDER_API__"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_serve_and_demo_say_how_changes_are_made(no_api_variables: pytest.MonkeyPatch) -> None:
+    settings = Settings()
+    assert "changes refused until MINDER_API__TOKEN is set" in describe_access(settings)
+    access = _demo_access(settings)  # the demo makes a token for its run
+    assert settings.api.token is not None and len(settings.api.token) >= 24
+    assert access == f"changes: --token {settings.api.token} (this run's token)"
+    assert describe_access(settings) == "API changes need the token"
+    assert settings.api.token not in describe_access(settings)
+    chosen = Settings(api=ApiSettings(token="mine"))
+    assert _demo_access(chosen) == "changes: with the token of MINDER_API__TOKEN"
+    assert chosen.api.token == "mine"
+    open_settings = Settings(api=ApiSettings(open=True))
+    assert _demo_access(open_settings).startswith("changes: open to anyone")
+    assert open_settings.api.token is None
+    assert "open to changes by anyone" in describe_access(open_settings)
