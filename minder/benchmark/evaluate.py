@@ -453,15 +453,16 @@ STRAGGLER_FAULTS = frozenset(
 
 
 def straggler_stats(cases: Sequence[CaseMatch]) -> dict[str, Any]:
-    """For the straggler faults detected: steps from onset to the first alert (by type), and
-    the relative error of that alert's live slowdown S against the simulated S."""
+    """For the straggler faults detected: the job's steps from onset to the first alert (by
+    type), and the relative error of the job's live slowdown S at the first straggler alert
+    against the simulated S."""
     steps: dict[str, list[float]] = {}
     errors: list[float] = []
     for case in cases:
         run = case.run
-        first: dict[int, AlertMatch] = {}
+        first: dict[int, AlertMatch] = {}  # the first straggler alert on each instance
         for match in case.alerts:
-            if match.fault_index is not None and not match.duplicate:
+            if match.fault_index is not None and match.alert.kind.value == "straggler":
                 first.setdefault(match.fault_index, match)
         truth: dict[int, float] = {}
         if "slowdown" in run.labels.columns:
@@ -472,11 +473,14 @@ def straggler_stats(cases: Sequence[CaseMatch]) -> dict[str, Any]:
         for instance in case.instances:
             if instance.fault not in STRAGGLER_FAULTS or instance.latency_s is None:
                 continue
-            if run.step_s > 0:
-                steps.setdefault(instance.fault, []).append(instance.latency_s / run.step_s)
-            hit = first.get(instance.fault_index)
-            live = hit.alert.evidence.get("slowdown") if hit is not None else None
             true_s = truth.get(instance.fault_index)
+            if run.step_s > 0:
+                # The job's own steps: while a straggler slows it, each step takes S times the
+                # nominal one.
+                step = run.step_s * (true_s or 1.0)
+                steps.setdefault(instance.fault, []).append(instance.latency_s / step)
+            hit = first.get(instance.fault_index)
+            live = hit.alert.evidence.get("job_slowdown") if hit is not None else None
             if live is not None and true_s:
                 errors.append(abs(float(live) - true_s) / true_s)
     if not steps and not errors:

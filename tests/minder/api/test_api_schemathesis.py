@@ -10,12 +10,16 @@ are bounded so the whole module takes well under a minute.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from api_testing import AUTH, TOKEN
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from prometheus_client import CollectorRegistry
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -31,6 +35,7 @@ from minder.core.alert import Alert, AlertKind
 from minder.storage import record_alert, session_factory
 from minder.storage.testing import scratch_database
 
+BASE_URL = "http://testserver"
 MAX_EXAMPLES = 12
 """Examples per operation and generation phase: about 30 operations, well under a minute."""
 
@@ -76,8 +81,6 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
             whatif_workdir=directory / "work",
         )
         yield application
-        # the runner's lifespan never ran (no ``with`` client): stop its pool here
-        application.state.minder.whatif.runner.shutdown()
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -88,33 +91,57 @@ def test_every_operation_conforms_to_the_openapi_document(
 
     Every operation is tried, and every failure reported, before the test fails. (Hypothesis is
     driven here rather than through schemathesis' pytest plugin, whose lazy loading does not
-    work with this pytest.)
+    work with this pytest; see :func:`send` for the transport.)
     """
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     failures: list[str] = []
     tried = 0
-    for result in schema.get_all_operations():
-        operation = result.ok()
+    with TestClient(app) as client:
+        for result in schema.get_all_operations():
+            operation = result.ok()
 
-        @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(
-            max_examples=MAX_EXAMPLES,
-            deadline=None,
-            database=None,
-            derandomize=True,
-            phases=[Phase.explicit, Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        )
-        def check(case: Case) -> None:
-            case.call_and_validate(headers=AUTH, checks=CHECKS)
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=MAX_EXAMPLES,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
+            def check(case: Case) -> None:
+                case.validate_response(send(client, case), checks=CHECKS, headers=AUTH)
 
-        try:
-            check()
-        except Exception as exc:  # every operation's failure, not just the first
-            failures.append(f"{operation.label}: {exc}")
-        tried += 1
-    assert tried >= 20, f"only {tried} operations in the OpenAPI document"
+            try:
+                check()
+            except Unsatisfiable:
+                continue  # nothing to make invalid (no parameter, no body)
+            except Exception as exc:  # every operation's failure, not just the first
+                failures.append(f"{operation.label}: {exc}")
+            tried += 1
+    assert tried >= 20 if mode is GenerationMode.POSITIVE else tried >= 10, tried
     assert not failures, "\n\n".join(failures)
+
+
+def send(client: TestClient, case: Case) -> httpx.Response:
+    """Send ``case`` with the app's own test client (httpx).
+
+    Schemathesis' own transport (requests) breaks on this environment's urllib3-future, so its
+    serialised request is sent here instead; the checks then judge the httpx answer.
+    """
+    serialised = case.as_transport_kwargs(base_url=BASE_URL, headers=AUTH)
+    assert not serialised.get("cookies"), "the API takes no cookie"
+    request: dict[str, Any] = {
+        key: serialised[key]
+        for key in ("method", "url", "headers", "params", "json", "files")
+        if serialised.get(key) is not None
+    }
+    data = serialised.get("data")
+    if isinstance(data, bytes | str):
+        request["content"] = data
+    elif data is not None:
+        request["data"] = data
+    return client.request(**request)
 
 
 def test_the_schema_names_the_secured_operations(app: FastAPI) -> None:
