@@ -211,3 +211,38 @@ def test_duplicates_are_left_out_of_precision() -> None:
     assert p_once.precision == pytest.approx(0.5)
     # Eight more alerts on the same fault neither raise nor lower precision.
     assert p_repeated.precision == pytest.approx(0.5) and p_repeated.duplicates == 8
+
+
+def test_straggler_figures_steps_and_live_slowdown_error() -> None:
+    truth = labels(("m1", 100, 600, "slow_worker", "", 0), ("pp1", 100, 600, "slow_stage", "", 1))
+    truth["group"] = ["", "pp1"]
+    truth["slowdown"] = [1.2, 1.1]
+    truth.loc[1, "machine"] = "m5"
+    found = [
+        alert("m1", 112.0, kind=AlertKind.SIMILARITY, metric="gpu_power_watts"),
+        alert(
+            "m1",
+            124.0,
+            kind=AlertKind.STRAGGLER,
+            metric="train_busy_seconds",
+            evidence={"verdict": "worker", "job_slowdown": 1.26},
+        ),
+        alert(
+            "pp1",
+            160.0,
+            kind=AlertKind.STRAGGLER,
+            metric="train_busy_seconds",
+            evidence={"verdict": "stage", "job_slowdown": 1.1},
+        ),
+    ]
+    case = run("c", "slow_worker", truth, found)
+    case.step_s = 2.0
+    summary = summarize([case])
+    assert summary.overall.recall == 1.0 and summary.overall.precision == 1.0
+    stats = summary.stragglers
+    # 12 s after onset at 2 s x S=1.2 per step: 5 steps; the stage: 60 s / (2 x 1.1)
+    assert stats["steps_to_alert"]["slow_worker"]["median"] == pytest.approx(5.0)
+    assert stats["steps_to_alert"]["slow_stage"]["median"] == pytest.approx(60 / 2.2)
+    err = stats["slowdown_error"]
+    assert err["n"] == 2 and err["within_5pct"] == 0.5
+    assert err["median"] == pytest.approx((0.05 + 0.0) / 2)
