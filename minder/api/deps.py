@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
-from minder.api.schemas import Problem
+from minder.api.schemas import InvalidInput, Problem
 from minder.api.whatif_inputs import ScratchSpace, relative_to_roots
 from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
@@ -109,6 +109,11 @@ def get_session(context: Context, request: Request) -> Iterator[Session]:
 
 DbSession = Annotated[Session, Depends(get_session)]
 
+MAX_OFFSET = 2**63 - 1
+"""Largest ``offset`` of a listing: what a database's 64-bit integer holds."""
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="items to skip")]
+"""The ``offset`` query parameter of the paged listings."""
+
 _bearer = HTTPBearer(auto_error=False, description="the API token (MINDER_API__TOKEN)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
@@ -119,6 +124,7 @@ NO_TOKEN_DETAIL = (
 )
 
 MUTATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "a body that cannot be read (not UTF-8 JSON)"},
     401: {"model": Problem, "description": "missing or wrong bearer token"},
     403: {
         "model": Problem,
@@ -133,8 +139,10 @@ READ_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": Problem,
         "description": "missing or wrong bearer token (when the server protects reads)",
     },
+    422: {"model": InvalidInput, "description": "a parameter or body the API cannot take"},
 }
-"""The answer of :func:`require_read_access`, for the OpenAPI document of a read."""
+"""The answers every resource operation may give: :func:`require_read_access`'s, and 422 in
+both its forms (FastAPI's list of bad fields, Minder's one message)."""
 
 
 def _check_bearer(token: str, credentials: HTTPAuthorizationCredentials | None) -> None:

@@ -40,6 +40,23 @@ class Problem(BaseModel):
     detail: str
 
 
+class FieldProblem(BaseModel):
+    """One bad field of a request, as FastAPI reports it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    loc: list[str | int] = Field(description="where: 'query', 'path' or 'body', then the field")
+    msg: str
+    type: str
+
+
+class InvalidInput(BaseModel):
+    """422: a value the API cannot take, named with what is allowed; ``detail`` is one message,
+    or a list of the bad fields when the request does not match its declared parameters."""
+
+    detail: str | list[FieldProblem]
+
+
 class TransitionProblem(Problem):
     """A status change the alert life cycle forbids."""
 

@@ -159,7 +159,7 @@ def build_stack(
     if use_kafka:
         topics |= {kafka.metrics_topic: kafka.partitions, kafka.deadletter_topic: 1}
     if topics:
-        ensure_topics(kafka.bootstrap, topics)
+        ensure_topics(kafka.bootstrap, topics, client_options=kafka.client_options())
     try:
         delivery = build_delivery(
             settings, sessions, metrics.registry, actuator=actuator, kafka_alerts=kafka_alerts

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, require_token
+from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, Offset, require_token
 from minder.api.schemas import (
     AuditOut,
     AuditPage,
@@ -40,7 +40,7 @@ def actions(
     job: str | None = None,
     outcome: ActionOutcomeKind | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> AuditPage:
     """Every attempt, result and undo of a scheduler action, and every decision not to act."""
     entries, total = list_audit(

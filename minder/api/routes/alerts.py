@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
-from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, require_token
+from minder.api.deps import MUTATION_RESPONSES, Context, DbSession, Offset, require_token
 from minder.api.schemas import AlertOut, AlertPage, AlertStatusChange, Problem, TransitionProblem
 from minder.core.alert import AlertKind, AlertStatus
 from minder.core.errors import ValidationError
@@ -30,7 +30,7 @@ def alerts(
     since: Annotated[float | None, Query(description="detected at or after, unix s")] = None,
     until: Annotated[float | None, Query(description="detected before, unix s")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> AlertPage:
     """Alerts matching every given filter, newest detected first, with the total for paging."""
     if since is not None and until is not None and since > until:

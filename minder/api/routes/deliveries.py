@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from minder.api.deps import DbSession
+from minder.api.deps import DbSession, Offset
 from minder.api.schemas import DeliveryOut, DeliveryPage
 from minder.storage.outbox import MAX_PAGE, DeliveryStatus, list_deliveries
 
@@ -20,7 +20,7 @@ def deliveries(
     destination: str | None = None,
     alert_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> DeliveryPage:
     """Outbox rows, newest first: ``status=pending`` shows what waits (and its last error),
     ``status=expired`` what was given up."""

@@ -18,10 +18,12 @@ from minder.api.deps import (
     MUTATION_RESPONSES,
     Context,
     DbSession,
+    Offset,
     WhatIfContext,
     require_token,
 )
 from minder.api.schemas import (
+    InvalidInput,
     Problem,
     WhatIfAccepted,
     WhatIfPage,
@@ -102,7 +104,7 @@ _REQUEST_BODY: dict[str, Any] = {
         413: {"model": Problem, "description": "the upload is larger than the server accepts"},
         415: {"model": Problem, "description": "neither multipart/form-data nor JSON"},
         422: {
-            "model": Problem,
+            "model": InvalidInput,
             "description": "unsupported file type, truncated upload, missing path, bad spec",
         },
         503: {"model": Problem, "description": "too many analyses waiting, or shutting down"},
@@ -196,7 +198,10 @@ async def _from_server_path(
     try:
         body = WhatIfPathRequest.model_validate_json(bytes(raw))
     except pydantic.ValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        errors = [
+            {**e, "loc": ("body", *e["loc"]), "input": _shown_input(e.get("input"))}
+            for e in exc.errors(include_url=False)
+        ]
         raise RequestValidationError(errors) from None
     try:
         inputs = await run_in_threadpool(resolve_server_inputs, body.path, body.meta, whatif.roots)
@@ -211,6 +216,15 @@ async def _from_server_path(
     )
     # server files by their path under their root, as error messages name them
     return task, whatif.relative(inputs.describe("path", full_paths=True))
+
+
+def _shown_input(value: object) -> object:
+    """A rejected input as the 422 answer shows it: a body that is not JSON (raw bytes, maybe
+    not UTF-8) as text, cut to 200 characters."""
+    if not isinstance(value, bytes):
+        return value
+    text = value[:200].decode("utf-8", "replace")
+    return text + ("…" if len(value) > 200 else "")
 
 
 def _single(values: list[str], name: str) -> str | None:
@@ -241,7 +255,7 @@ def reports(
     job: str | None = None,
     status: WhatIfStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> WhatIfPage:
     """Reports (without their bodies), newest submitted first, with the total for paging."""
     items, total = list_reports(session, job=job, status=status, limit=limit, offset=offset)
