@@ -45,6 +45,7 @@ SERVICE_METRICS = {
     "minder_assigned_partitions",
     "minder_handler_failures_total",
     "minder_deadletter_failures_total",
+    "minder_messages_skipped_total",
     "minder_alerts_suppressed_total",
     # the outbox (minder.delivery.worker.DeliveryMetrics)
     "minder_outbox_deliveries_total",

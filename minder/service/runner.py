@@ -30,7 +30,7 @@ class DetectionWorker:
         self._seen_consumed = 0
         self._seen_dead: Counter[str] = Counter()
         self._seen_failed: Counter[str] = Counter()
-        self._seen_retries = (0, 0)
+        self._seen_retries = (0, 0, 0)
         self._lag_keys: set[tuple[str, int]] = set()
         service.metrics.init_reasons(REASON_CLASSES)
         self.polls = 0
@@ -63,10 +63,11 @@ class DetectionWorker:
             if delta:
                 metrics.decode_failures.labels(reason=reason).inc(delta)
                 self._seen_failed[reason] = count
-        dead_failed, handler_failed = self._seen_retries
+        dead_failed, handler_failed, skipped = self._seen_retries
         metrics.deadletter_failures.inc(stats.deadletter_failures - dead_failed)
         metrics.handler_failures.inc(stats.handler_failures - handler_failed)
-        self._seen_retries = (stats.deadletter_failures, stats.handler_failures)
+        metrics.messages_skipped.inc(stats.skipped - skipped)
+        self._seen_retries = (stats.deadletter_failures, stats.handler_failures, stats.skipped)
         backlog = stats.backlog_by_partition
         for (topic, partition), count in backlog.items():
             metrics.consumer_lag.labels(topic, str(partition)).set(count)

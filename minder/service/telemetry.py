@@ -72,6 +72,12 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self.messages_skipped = Counter(
+            "minder_messages_skipped_total",
+            "Messages of the metrics topic skipped because they could be neither decoded nor "
+            "dead-lettered (not even truncated) after bounded retries",
+            registry=r,
+        )
         self.deadletter_failures = Counter(
             "minder_deadletter_failures_total",
             "Polls retried because a dead letter could not be written",

@@ -67,7 +67,11 @@ BatchHandler = Callable[[list[NodeBatch]], object]
 
 _LOG_EVERY = 100  # after the first dead letter of a reason class, log one in this many
 # A dead letter on its way: source partition, offset, reason class, the send (or its error).
-_Send = tuple[TopicPartition, int, str, "FutureRecordMetadata | KafkaError"]
+_Send = tuple[TopicPartition, ConsumerRecord, str, "FutureRecordMetadata | KafkaError"]
+DEAD_LETTER_ATTEMPTS = 3
+"""Polls a message that cannot be dead-lettered is retried before it is skipped (the second try
+writes its payload truncated to :data:`TRUNCATED_BYTES`)."""
+TRUNCATED_BYTES = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -94,6 +98,10 @@ class ConsumerStats:
         keys never change while another thread reads it.
     deadletter_failures
         Polls retried because a dead letter could not be written.
+    skipped
+        Messages skipped after :data:`DEAD_LETTER_ATTEMPTS` polls could not dead-letter them
+        (not even truncated): counted and logged with their partition and offset, so one
+        message never stalls the stream.
     handler_failures
         Polls retried because the handler raised.
     rewound
@@ -127,6 +135,7 @@ class ConsumerStats:
         default_factory=lambda: Counter(dict.fromkeys(REASON_CLASSES, 0))
     )
     deadletter_failures: int = 0
+    skipped: int = 0
     handler_failures: int = 0
     rewound: int = 0
     commits: int = 0
@@ -267,6 +276,7 @@ class BatchConsumer:
         # (partition, offset) of messages dead-lettered by a poll not committed yet, so a
         # redelivery does not write them again.
         self._pending_dead: set[tuple[TopicPartition, int]] = set()
+        self._dead_attempts: dict[tuple[TopicPartition, int], int] = {}
         self._backlog: dict[TopicPartition, int] = {}
         self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
@@ -374,9 +384,7 @@ class BatchConsumer:
                 except Exception as exc:  # any decoder failure is a dead letter
                     if (tp, record.offset) in self._pending_dead:
                         continue
-                    sends.append(
-                        (tp, record.offset, reason_class(exc), self._dead_letter(record, exc))
-                    )
+                    sends.append((tp, record, reason_class(exc), self._dead_letter(record, exc)))
         self.stats.decoded += len(batches)
 
         error = self._await_dead_letters(sends)
@@ -462,6 +470,8 @@ class BatchConsumer:
         return future
 
     def _await_dead_letters(self, sends: list[_Send]) -> str | None:
+        """Wait for the dead letters of a poll; a message whose dead letter keeps failing is
+        written truncated, then skipped, so the poll is retried at most a few times."""
         if not sends:
             return None
         try:
@@ -469,25 +479,81 @@ class BatchConsumer:
         except KafkaError as exc:
             logger.warning("dead letters not acknowledged: %r", exc)
         failed = 0
-        for tp, offset, cls, future in sends:
+        for tp, record, cls, future in sends:
             if not isinstance(future, KafkaError) and future.succeeded():
-                self.stats.dead_lettered += 1
-                self.stats.dead_lettered_by_reason[cls] += 1
-                self._pending_dead.add((tp, offset))
-            else:
-                failed += 1
+                self._delivered_dead_letter(tp, record.offset, cls)
+                continue
+            why = future if isinstance(future, KafkaError) else future.exception
+            key = (tp, record.offset)
+            attempts = self._dead_attempts.get(key, 0) + 1
+            self._dead_attempts[key] = attempts
+            if attempts >= 2 and self._dead_letter_truncated(record, cls, why):
+                self._delivered_dead_letter(tp, record.offset, cls)
+                continue
+            if attempts >= DEAD_LETTER_ATTEMPTS:
+                self.stats.skipped += 1
+                self._pending_dead.add(key)
+                self._dead_attempts.pop(key, None)
                 logger.error(
-                    "cannot write %s[%d]@%d to %s: %r",
+                    "skipping %s[%d]@%d (%d bytes): it could not be decoded (%s) nor written to "
+                    "%s after %d tries (%r); counted in the skipped messages",
                     tp.topic,
                     tp.partition,
-                    offset,
+                    record.offset,
+                    len(record.value or b""),
+                    cls,
                     self.deadletter_topic,
-                    future if isinstance(future, KafkaError) else future.exception,
+                    attempts,
+                    why,
                 )
+                continue
+            failed += 1
+            logger.error(
+                "cannot write %s[%d]@%d to %s (try %d of %d): %r",
+                tp.topic,
+                tp.partition,
+                record.offset,
+                self.deadletter_topic,
+                attempts,
+                DEAD_LETTER_ATTEMPTS,
+                why,
+            )
         if failed:
             self.stats.deadletter_failures += 1
             return f"{failed} of {len(sends)} dead letters not written to {self.deadletter_topic!r}"
         return None
+
+    def _delivered_dead_letter(self, tp: TopicPartition, offset: int, cls: str) -> None:
+        self.stats.dead_lettered += 1
+        self.stats.dead_lettered_by_reason[cls] += 1
+        self._pending_dead.add((tp, offset))
+        self._dead_attempts.pop((tp, offset), None)
+
+    def _dead_letter_truncated(self, record: ConsumerRecord, cls: str, why: object) -> bool:
+        """Write the dead letter with its payload cut to :data:`TRUNCATED_BYTES` (a message
+        too big for the dead-letter producer); True when acknowledged."""
+        value = record.value or b""
+        headers = dead_letter_headers(
+            record.headers,
+            reason=f"{cls}; payload truncated from {len(value)} bytes (first write: {why!r})"[:512],
+            reason_cls=cls,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+        )
+        try:
+            future = self._deadletters.send(
+                self.deadletter_topic,
+                value=value[:TRUNCATED_BYTES],
+                key=(record.key or b"")[:1024] or None,
+                headers=headers,
+            )
+            future.get(timeout=10.0)
+        except KafkaError as exc:
+            logger.warning("truncated dead letter not written either: %r", exc)
+            return False
+        return True
 
     def _handle(self, handler: BatchHandler, batches: list[NodeBatch]) -> str | None:
         try:

@@ -298,3 +298,60 @@ def test_run_never_stops_on_bad_input(
     assert sorted((d.payload for d in letters), key=bytes.hex) == sorted(
         (b or b"" for b in bad), key=bytes.hex
     )
+
+
+def test_a_message_too_big_to_dead_letter_is_written_truncated_and_the_stream_goes_on(
+    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer
+) -> None:
+    metrics, deadletter = topics
+    good = make_batch("jp", "n0", T0)
+    big = b"\xc1" * (1536 * 1024)  # 1.5 MiB of garbage: over the dead-letter producer's limit
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap, enable_idempotence=False, max_request_size=4 << 20
+    )
+    try:
+        producer.send(metrics, value=big, key=b"jp")
+        producer.send(metrics, value=encode_batch(good), key=b"jp")
+        producer.flush(10)
+    finally:
+        producer.close()
+    consumer = make_consumer(group_id)
+    handled: list[NodeBatch] = []
+    polls = 0
+    deadline = time.monotonic() + 30
+    while not handled:
+        assert time.monotonic() < deadline, consumer.stats
+        if consumer.poll_once(handled.extend, timeout_ms=200).messages:
+            polls += 1
+    assert handled == [good]
+    assert polls <= consumer_module.DEAD_LETTER_ATTEMPTS
+    [letter] = read_dead_letters(broker.bootstrap, deadletter)
+    assert len(letter.payload) == consumer_module.TRUNCATED_BYTES
+    assert "truncated from 1572864 bytes" in letter.reason
+    assert consumer.stats.skipped == 0
+
+
+def test_a_message_that_cannot_be_dead_lettered_at_all_is_skipped_after_bounded_tries(
+    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, caplog
+) -> None:
+    metrics, deadletter = topics
+    good = make_batch("js", "n0", T0)
+    _send_all(broker, metrics, [b"junk", encode_batch(good)], key=b"js")
+    consumer = make_consumer(group_id)
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise KafkaTimeoutError("dead-letter topic unwritable")
+
+    consumer._deadletters.send = refuse  # type: ignore[method-assign]
+    handled: list[NodeBatch] = []
+    polls = 0
+    deadline = time.monotonic() + 30
+    while not handled:
+        assert time.monotonic() < deadline, consumer.stats
+        if consumer.poll_once(handled.extend, timeout_ms=200).messages:
+            polls += 1
+    assert handled == [good]
+    assert polls == consumer_module.DEAD_LETTER_ATTEMPTS
+    assert consumer.stats.skipped == 1
+    assert any("skipping" in r.getMessage() and "@0" in r.getMessage() for r in caplog.records)
+    assert read_dead_letters(broker.bootstrap, deadletter) == []
