@@ -1,7 +1,7 @@
 """Property-based checks of the API against its own OpenAPI document (schemathesis).
 
 Schemathesis generates requests from ``/openapi.json`` for every operation, valid and invalid,
-and sends them to the ASGI app (a temporary SQLite database with a few alerts and a job, the
+and they go to the ASGI app (a temporary SQLite database with two alerts, a what-if root, the
 API token sent with every request). Each answer must not be a server error, and must conform to
 the document: a documented status code, its content type and headers, and its schema. Examples
 are bounded so the whole module takes well under a minute.

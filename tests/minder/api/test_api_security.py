@@ -438,3 +438,29 @@ def test_serve_and_demo_say_how_changes_are_made(no_api_variables: pytest.Monkey
     assert _demo_access(open_settings).startswith("changes: open to anyone")
     assert open_settings.api.token is None
     assert "open to changes by anyone" in describe_access(open_settings)
+
+
+# -- what schemathesis found --------------------------------------------------------------------
+
+
+def test_a_json_body_that_is_not_utf8_gets_422_not_500(client: TestClient) -> None:
+    response = client.post(
+        "/api/v1/whatif", content=b"a\x8d", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["type"] == "json_invalid" and error["input"] == "a\ufffd"
+    patch = client.patch(
+        "/api/v1/alerts/x", content=b"\xef\x8d", headers={"content-type": "application/json"}
+    )
+    # FastAPI's own parsing of a JSON body: 400, documented in the OpenAPI document
+    assert patch.status_code == 400
+    assert patch.json() == {"detail": "There was an error parsing the body"}
+
+
+@pytest.mark.parametrize("path", ["/api/v1/alerts", "/api/v1/deliveries", "/api/v1/actions"])
+def test_offsets_beyond_a_64_bit_integer_get_422_not_500(client: TestClient, path: str) -> None:
+    assert client.get(path, params={"offset": 2**63 - 1}).json()["items"] == []
+    response = client.get(path, params={"offset": 2**63})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["query", "offset"]
