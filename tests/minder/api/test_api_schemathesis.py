@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -100,6 +101,7 @@ def test_every_operation_conforms_to_the_openapi_document(
     tried = 0
     with TestClient(app) as client:
         for result in schema.get_all_operations():
+            assert isinstance(result, Ok), f"the OpenAPI document is invalid: {result.err()}"
             operation = result.ok()
 
             @given(case=operation.as_strategy(generation_mode=mode))

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from minder.api import create_app
 from minder.api.whatif_inputs import relative_to_roots
+from minder.cli.api_client import ApiError, ApiForbiddenError, MinderApi
 from minder.cli.demo import _demo_access
 from minder.cli.serve import describe_access
 from minder.config import ApiSettings, Settings, SettingsError
@@ -464,3 +465,23 @@ def test_offsets_beyond_a_64_bit_integer_get_422_not_500(client: TestClient, pat
     response = client.get(path, params={"offset": 2**63})
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["query", "offset"]
+
+
+def test_the_cli_client_says_why_a_change_is_refused(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    """``minder alerts ack`` against a server without a token, and one with a Host check."""
+    app = create_app(sessions, registry=CollectorRegistry(), allowed_hosts=["127.0.0.1"])
+    with uvicorn_serving(app) as port, MinderApi(f"http://127.0.0.1:{port}") as api:
+        assert api.alert(alert_id)["status"] == "open"  # reads are served
+        with pytest.raises(ApiForbiddenError) as refused:
+            api.change_alert_status(alert_id, "acknowledged", by="ana")
+        assert str(refused.value).startswith(
+            f"the API refused PATCH http://127.0.0.1:{port}/api/v1/alerts/{alert_id} (HTTP 403): "
+            "changes are disabled on this server: it has no API token"
+        )
+        with MinderApi(f"http://localhost:{port}") as other_name, pytest.raises(ApiError) as host:
+            other_name.alerts()
+        assert "refused the host name of" in str(host.value)
+        assert "MINDER_API__ALLOWED_HOSTS" in str(host.value)
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
