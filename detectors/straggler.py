@@ -512,6 +512,7 @@ class StragglerDetector:
                         "normal_ratio": round(normal, 4),
                         "members": machines[:64],
                         "slowdown": round(self.cost.slowdown, 4),
+                        "job_slowdown": round(self.cost.slowdown, 4),
                         "steps": int(self._stage_run[g]),
                     },
                 )
@@ -538,7 +539,7 @@ class StragglerDetector:
         own = float(latest[m, worst])
         reference = float(ref[m, worst])
         mask = np.isfinite(latest)
-        mask[m, ranks] = False
+        mask[m, :] = False  # the worker is the machine: all its ranks go to the reference
         others = latest[mask]
         observed, ideal = cost.step_s, cost.ideal_step_s
         if sync:
@@ -547,7 +548,8 @@ class StragglerDetector:
             without = observed - max(0.0, own - slowest_other)
         else:
             rate = float(np.sum(1.0 / latest[np.isfinite(latest)]))
-            fixed = rate - float(np.sum(1.0 / latest[m, ranks])) + len(ranks) / reference
+            own_ranks = latest[m][np.isfinite(latest[m])]
+            fixed = rate - float(np.sum(1.0 / own_ranks)) + own_ranks.size / reference
             without = observed * rate / fixed
         slowdown = observed / without if without > 0 else 1.0
         explained = (observed - without) / (observed - ideal) if observed > ideal else 0.0

@@ -113,8 +113,10 @@ def straggler_slowdown(injection: Injection, job: JobSpec) -> float:
     S is the step time observed over the step time had the slow ranks' compute been the mean
     of every rank's (the balanced reference): with compute ``c`` and communication ``m`` of
     the nominal step, ``factor`` f and a fraction ``k`` of the job's ranks slowed,
-    ``S = (c f + m) / (c (1 + k (f - 1)) + m)``. In a synchronous job that is the whole job's
-    slowdown; in an asynchronous one the slow ranks' own. 1.0 for other injections.
+    ``S = (c f + m) / (c (1 + k (f - 1)) + m)`` in a synchronous job, the whole job's
+    slowdown. In an asynchronous one each rank keeps its own pace: the job's throughput falls by
+    the slow ranks' share of it, ``S = 1 / (1 - k (1 - 1 / s))`` with ``s = (c f + m) / (c + m)``
+    their own slowdown. 1.0 for other injections.
     """
     if injection.kind not in STRAGGLER_FAULTS:
         return 1.0
@@ -123,6 +125,9 @@ def straggler_slowdown(injection: Injection, job: JobSpec) -> float:
     share = len(target.machines) * len(target.ranks) / (job.machines * job.gpus_per_machine)
     compute = job.step_time_s * (1.0 - job.comm_fraction)
     comm = job.step_time_s * job.comm_fraction
+    if not job.sync:
+        own = (compute * factor + comm) / (compute + comm)
+        return 1.0 / (1.0 - share * (1.0 - 1.0 / own))
     return (compute * factor + comm) / (compute * (1.0 + share * (factor - 1.0)) + comm)
 
 
