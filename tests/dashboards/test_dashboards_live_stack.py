@@ -436,6 +436,10 @@ def _scrape_configs(service_port: int, agent_ports: list[int]) -> list[dict[str,
     ]
 
 
+TOKEN = "live-stack-token"
+"""The API token of the stack (changes need one)."""
+
+
 def _submit_whatif(api: str, directory: Path) -> str:
     """Upload a synthetic trace (stage 3 slow) for the trial job; return the report id."""
     trace = synthesize(SynthJob(dp=2, pp=4, microbatches=4, steps=3, stage_factor={3: 1.6}))
@@ -444,7 +448,13 @@ def _submit_whatif(api: str, directory: Path) -> str:
         ("files", (trace_path.name, trace_path.read_bytes())),
         ("meta", (meta_path.name, meta_path.read_bytes())),
     ]
-    response = httpx.post(f"{api}/whatif", files=files, data={"job": TRIAL_JOB}, timeout=30)
+    response = httpx.post(
+        f"{api}/whatif",
+        files=files,
+        data={"job": TRIAL_JOB},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=30,
+    )
     assert response.status_code == 202, response.text
     report_id: str = response.json()["id"]
     return report_id
@@ -492,6 +502,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
                     "MINDER_ACTIONS__TARGET": "slurm",
                     "MINDER_ACTIONS__SCONTROL": "/bin/false",
                     "MINDER_WHATIF__WORKDIR": str(tmp_path / "whatif"),
+                    "MINDER_API__TOKEN": TOKEN,
                     "COLUMNS": "200",
                 }
             )
