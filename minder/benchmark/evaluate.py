@@ -474,12 +474,17 @@ def straggler_stats(cases: Sequence[CaseMatch]) -> dict[str, Any]:
             if instance.fault not in STRAGGLER_FAULTS or instance.latency_s is None:
                 continue
             true_s = truth.get(instance.fault_index)
-            if run.step_s > 0:
-                # The job's own steps: while a straggler slows it, each step takes S times the
-                # nominal one.
-                step = run.step_s * (true_s or 1.0)
-                steps.setdefault(instance.fault, []).append(instance.latency_s / step)
             hit = first.get(instance.fault_index)
+            if run.step_s > 0:
+                # Steps as the straggler takes them: in a synchronous job every step takes S
+                # times the nominal one; in an asynchronous one the slow worker's own steps take
+                # its ratio to the reference times it.
+                stretch = true_s or 1.0
+                if hit is not None and hit.alert.evidence.get("sync") is False:
+                    stretch = float(hit.alert.evidence.get("ratio", stretch))
+                steps.setdefault(instance.fault, []).append(
+                    instance.latency_s / (run.step_s * stretch)
+                )
             live = hit.alert.evidence.get("job_slowdown") if hit is not None else None
             if live is not None and true_s:
                 errors.append(abs(float(live) - true_s) / true_s)
