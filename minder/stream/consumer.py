@@ -49,6 +49,7 @@ from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import DEADLETTER_TOPIC, METRICS_TOPIC, NodeBatch
 from minder.stream.deadletter import (
     REASON_CLASSES,
+    HandlerError,
     dead_letter_headers,
     describe_failure,
     reason_class,
@@ -277,6 +278,8 @@ class BatchConsumer:
         # redelivery does not write them again.
         self._pending_dead: set[tuple[TopicPartition, int]] = set()
         self._dead_attempts: dict[tuple[TopicPartition, int], int] = {}
+        self._poisoned: set[tuple[TopicPartition, int]] = set()
+        self._handler_tries: dict[tuple[tuple[TopicPartition, int], ...], int] = {}
         self._backlog: dict[TopicPartition, int] = {}
         self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
@@ -376,11 +379,15 @@ class BatchConsumer:
         self.stats.consumed += n_messages
 
         batches: list[NodeBatch] = []
+        sources: list[tuple[TopicPartition, ConsumerRecord]] = []
         sends: list[_Send] = []
         for tp in partitions:
             for record in fetched[tp]:
+                if (tp, record.offset) in self._poisoned:
+                    continue  # a batch the handler could not take: already dead-lettered
                 try:
                     batches.append(decode_batch(record.value or b""))
+                    sources.append((tp, record))
                 except Exception as exc:  # any decoder failure is a dead letter
                     if (tp, record.offset) in self._pending_dead:
                         continue
@@ -390,6 +397,8 @@ class BatchConsumer:
         error = self._await_dead_letters(sends)
         if error is None and batches:
             error = self._handle(handler, batches)
+            if error is not None:
+                error = self._isolate(handler, batches, sources, error)
         if error is not None:
             self._rewind(fetched)
             return PollOutcome(n_messages, 0, len(sends), committed=False, error=error)
@@ -434,7 +443,11 @@ class BatchConsumer:
         cls = reason_class(exc)
         self._refused[cls] += 1
         self.stats.decode_failures_by_reason[cls] += 1
-        if not isinstance(exc, ValidationError):
+        if isinstance(exc, HandlerError):
+            logger.error(
+                "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
+            )
+        elif not isinstance(exc, ValidationError):
             logger.error(
                 "decoder raised on %s[%d]@%d",
                 record.topic,
@@ -554,6 +567,48 @@ class BatchConsumer:
             logger.warning("truncated dead letter not written either: %r", exc)
             return False
         return True
+
+    def _isolate(
+        self,
+        handler: BatchHandler,
+        batches: list[NodeBatch],
+        sources: list[tuple[TopicPartition, ConsumerRecord]],
+        error: str,
+    ) -> str | None:
+        """After :data:`DEAD_LETTER_ATTEMPTS` failed tries of the same poll, hand its batches
+        over one at a time and dead-letter those the handler raises on while the others pass (a
+        batch that crashes detection must not stall every partition). When every batch fails
+        alone too, the trouble is the handler's (an outage): the poll is retried as before.
+        Returns the error that remains, if any."""
+        key = tuple((tp, record.offset) for tp, record in sources[:1] + sources[-1:])
+        tries = self._handler_tries.get(key, 0) + 1
+        self._handler_tries = {key: tries}
+        if tries < DEAD_LETTER_ATTEMPTS:
+            return error
+        failed: list[tuple[TopicPartition, ConsumerRecord, Exception]] = []
+        for batch, (tp, record) in zip(batches, sources, strict=True):
+            try:
+                handler([batch])
+            except Exception as exc:
+                failed.append((tp, record, exc))
+            else:
+                self.stats.handled += 1
+        if len(failed) == len(batches):
+            # Every batch fails alone too: the handler's own trouble (its database is down),
+            # not a poisoned batch. Nothing is dead-lettered; the poll is retried.
+            self.stats.handler_failures += 1
+            return error
+        sends: list[_Send] = []
+        for tp, record, raised in failed:
+            self.stats.handler_failures += 1
+            self._poisoned.add((tp, record.offset))
+            failure = HandlerError(
+                f"the handler raised {type(raised).__name__} on this batch alone, after "
+                f"{DEAD_LETTER_ATTEMPTS} failed polls: {str(raised)[:200]}"
+            )
+            sends.append((tp, record, "handler_error", self._dead_letter(record, failure)))
+        self._handler_tries = {}
+        return self._await_dead_letters(sends)
 
     def _handle(self, handler: BatchHandler, batches: list[NodeBatch]) -> str | None:
         try:

@@ -53,16 +53,25 @@ _REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"envelope has both", "bad_field"),
     )
 )
+HANDLER_ERROR = "handler_error"
 REASON_CLASSES: tuple[str, ...] = (
     *(name for _, name in _REASON_PATTERNS),
     "invalid",
     DECODER_FAILURE,
+    HANDLER_ERROR,
 )
 """Every value :func:`reason_class` returns."""
 
 
+class HandlerError(Exception):
+    """A batch that decoded but that the service's handler raised on, poll after poll: it is
+    dead-lettered (class ``handler_error``) so that it cannot stall the stream."""
+
+
 def reason_class(exc: BaseException) -> str:
     """A short, bounded name for why decoding failed (one of :data:`REASON_CLASSES`)."""
+    if isinstance(exc, HandlerError):
+        return HANDLER_ERROR
     if not isinstance(exc, DecodeError):
         return DECODER_FAILURE
     for pattern, name in _REASON_PATTERNS:
@@ -75,6 +84,8 @@ def describe_failure(exc: BaseException) -> str:
     """The reason text stored in the ``minder-reason`` header."""
     if isinstance(exc, DecodeError):
         return exc.reason
+    if isinstance(exc, HandlerError):
+        return str(exc)
     return f"decoder raised {type(exc).__name__}: {exc}"
 
 

@@ -355,3 +355,33 @@ def test_a_message_that_cannot_be_dead_lettered_at_all_is_skipped_after_bounded_
     assert consumer.stats.skipped == 1
     assert any("skipping" in r.getMessage() and "@0" in r.getMessage() for r in caplog.records)
     assert read_dead_letters(broker.bootstrap, deadletter) == []
+
+
+def test_a_batch_the_handler_always_raises_on_is_dead_lettered_and_the_others_go_on(
+    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer
+) -> None:
+    metrics, deadletter = topics
+    poison = make_batch("jh", "bad-node", T0)
+    good = [make_batch("jh", f"n{i}", T0) for i in range(3)]
+    _send_all(broker, metrics, [encode_batch(b) for b in [good[0], poison, *good[1:]]], key=b"jh")
+    consumer = make_consumer(group_id)
+    handled: list[NodeBatch] = []
+
+    def handler(batches: list[NodeBatch]) -> None:
+        if any(b.node == "bad-node" for b in batches):
+            raise RuntimeError("detection crashed on this batch")
+        handled.extend(batches)
+
+    polls = 0
+    deadline = time.monotonic() + 30
+    while len(handled) < 3:
+        assert time.monotonic() < deadline, consumer.stats
+        if consumer.poll_once(handler, timeout_ms=200).messages:
+            polls += 1
+    assert [b.node for b in handled] == ["n0", "n1", "n2"]
+    assert polls == consumer_module.DEAD_LETTER_ATTEMPTS
+    [letter] = read_dead_letters(broker.bootstrap, deadletter)
+    assert letter.reason_class == "handler_error" and "RuntimeError" in letter.reason
+    assert decode_batch(letter.payload) == poison
+    # Redelivered later (a restart), the poisoned batch is not handed over again.
+    assert consumer.poll_once(handler, timeout_ms=200).error is None
