@@ -492,3 +492,51 @@ def test_emitting_the_new_metrics_changes_no_other_value() -> None:
     b = b[b["metric"].isin(old)]
     np.testing.assert_array_equal(a["value"].to_numpy(), b["value"].to_numpy())
     assert (a["ts"].to_numpy() == b["ts"].to_numpy()).all()
+
+
+@pytest.mark.parametrize(
+    ("fault", "slow_dp"),
+    [
+        (slow_worker(), [5 * 4 + r for r in range(4)]),
+        (slow_worker(factor=1.1, device="rank2"), [5 * 4 + 2]),
+        (
+            {"type": "slow_group", "machines": [1, 9], "factor": 1.25, "start_s": ONSET},
+            [1 * 4 + r for r in range(4)] + [9 * 4 + r for r in range(4)],
+        ),
+    ],
+)
+def test_the_labelled_slowdown_is_what_the_whatif_replay_measures(
+    fault: dict[str, Any], slow_dp: list[int]
+) -> None:
+    """The simulator's true S of a synchronous straggler is what the offline what-if analysis
+    measures on a trace of the same job (every rank a DP worker with the job's compute and
+    communication, the straggler's compute times its factor): the live estimate, scored against
+    this S by the benchmark, and the offline analysis check each other."""
+    from whatif.analysis import analyze
+    from whatif.synth import SynthJob, synthesize
+
+    scenario = build([fault], pp_stages=1)
+    labels = scenario_labels(scenario)
+    assert labels["slowdown"].nunique() == 1  # one S per fault, on each of its machines' rows
+    label = labels.iloc[0]
+    ranks = 16 * 4
+    compute, comm = STEP_S * (1 - COMM), STEP_S * COMM
+    job = SynthJob(
+        dp=ranks,
+        pp=1,
+        microbatches=1,
+        steps=3,
+        forward=compute / 3,
+        backward=2 * compute / 3,
+        grads_reduce_scatter=comm,
+        params_all_gather=0.0,
+        clip=0.0,
+        optimizer=0.0,
+        noise=0.0,
+        slow_workers={(0, d): float(fault["factor"]) for d in slow_dp},
+        with_layernorm=False,
+        with_embedding=False,
+        with_gc=False,
+    )
+    replayed = analyze(synthesize(job)).slowdown
+    assert label["slowdown"] == pytest.approx(replayed, rel=0.01)
