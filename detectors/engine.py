@@ -56,10 +56,10 @@ logger = logging.getLogger(__name__)
 _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 SCORERS: tuple[str, ...] = ("median", "pairwise")
 _COLLAPSING = frozenset({"mean", "median"})
+"""Filters whose output is one value per window: scored without the time axis."""
 UNSTEADY_FACTOR = 0.5
 """At coarse sampling, the robust scale is at least this share of how far the peers' median
 moved within the window (:meth:`MinderDetector._unsteady`)."""
-"""Filters whose output is one value per window: scored without the time axis."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +283,7 @@ class MinderDetector:
             self.continuity.reset()
         self._last_scored = tick
         active = window.active()
-        comparisons = [
-            (targets, members[active[members]])
-            for targets, members in peer_comparisons(window, cfg.min_group)
-        ]
-        comparisons = [(t, m) for t, m in comparisons if m.size]
+        comparisons = [(t, m) for t, m in peer_comparisons(window, cfg.min_group, active) if m.size]
         length = max(self._metric_window(m) for b in layout.buckets for m in b.metrics)
         raw_values = window.window(now, length, layout.all_cols)
         if length > self.cadence.window:
@@ -462,7 +458,7 @@ class MinderDetector:
         peers = next(
             (
                 members
-                for targets, members in peer_comparisons(window, cfg.min_group)
+                for targets, members in peer_comparisons(window, cfg.min_group, window.active())
                 if finding.machine in targets
             ),
             np.arange(window.n_machines),

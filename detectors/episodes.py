@@ -101,7 +101,12 @@ class Episodes:
         return out
 
     def _domain_needed(self, window: JobWindow, domain: str) -> int:
-        size = sum(1 for info in window.machines if info.domain == domain)
+        """Machines of ``domain`` that must fail together: a share of those in the job now
+        (machines that left earlier do not count)."""
+        active = window.active()
+        size = sum(
+            1 for m, info in enumerate(window.machines) if info.domain == domain and active[m]
+        )
         return max(self.config.domain_min_machines, math.ceil(self.config.domain_fraction * size))
 
     def _silent_batches(self) -> list[list[tuple[int, str]]]:
@@ -126,18 +131,34 @@ class Episodes:
     ) -> list[Finding]:
         """Machines that fell silent together: their domain's fault when they are (enough of)
         one domain, else a membership change of the job."""
-        findings = [self._pending.pop(k)[1] for k in batch]
-        machines = sorted({k[0] for k in batch})
-        domains = {window.machines[m].domain for m in machines}
-        domain = next(iter(domains))
-        if len(domains) == 1 and domain:
-            members = set(machines) | self._domain_members.get(domain, set())
-            if len(members) >= self._domain_needed(window, domain):
-                new = domain not in self._domain_members
-                self._domain_members[domain] = members
-                return [domain_finding(window, domain, findings, sorted(members))] if new else []
+        findings = {k[0]: self._pending.pop(k)[1] for k in batch}
+        out: list[Finding] = []
+        by_domain: dict[str, list[int]] = {}
+        for m in sorted(findings):
+            by_domain.setdefault(window.machines[m].domain, []).append(m)
+        for domain, members in by_domain.items():
+            # A whole domain (enough of it) among them is that domain's fault, whatever else
+            # fell silent at the same time.
+            if not domain:
+                continue
+            known = set(members) | self._domain_members.get(domain, set())
+            if len(known) >= self._domain_needed(window, domain):
+                if domain not in self._domain_members:
+                    out.append(
+                        domain_finding(
+                            window, domain, [findings[m] for m in members], sorted(known)
+                        )
+                    )
+                self._domain_members[domain] = known
+                for m in members:
+                    del findings[m]
+        if not findings:
+            return out
+        machines = sorted(findings)
+        if len(machines) < self.config.batch_min_machines:
+            return out + list(findings.values())  # a lone machine left over: its own alert
         reporting = int(window.active().sum()) - len(machines)
-        first = min(f.first_sec for f in findings)
+        first = min(f.first_sec for f in findings.values())
         window.depart(
             machines,
             "left_together",
@@ -145,7 +166,7 @@ class Episodes:
             f"{len(machines)} machines fell silent within "
             f"{self.cadence.batch_spread_s:.0f} s of each other while {reporting} kept reporting",
         )
-        return []
+        return out
 
 
 def domain_finding(

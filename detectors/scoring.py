@@ -86,12 +86,20 @@ def score_layout(window: JobWindow) -> ScoreLayout:
     return ScoreLayout(window.n_series, buckets, all_cols)
 
 
-def peer_comparisons(window: JobWindow, min_group: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(machines, their peers)`` pairs: each group against itself, small groups against all."""
-    everyone = np.arange(window.n_machines)
+def peer_comparisons(
+    window: JobWindow, min_group: int, active: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(machines, their peers)`` pairs: each group against itself, small groups against all.
+
+    ``active`` (a mask of machines) leaves out machines that are not in the job (never reported,
+    or left): they are neither compared nor peers, and a group counts only its members in it.
+    """
+    keep = np.ones(window.n_machines, dtype=bool) if active is None else active
+    everyone = np.flatnonzero(keep)
     by_label: dict[str, list[int]] = {}
     for i, info in enumerate(window.machines):
-        by_label.setdefault(info.group, []).append(i)
+        if keep[i]:
+            by_label.setdefault(info.group, []).append(i)
     if len(by_label) == 1:
         return [(everyone, everyone)]
     pairs = []

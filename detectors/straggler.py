@@ -47,6 +47,8 @@ from minder.core.alert import Alert, AlertKind
 
 logger = logging.getLogger(__name__)
 
+MIN_OBSERVATIONS = 3
+"""A straggler is named on several observations: one sample covering many steps is not enough."""
 STEP = "train_step_seconds"
 BUSY = "train_busy_seconds"
 NUMBER = "train_step_number"
@@ -153,12 +155,14 @@ class StragglerDetector:
         self._pos = np.zeros((0, 0), dtype=np.int64)
         self._run = np.zeros((0, 0))
         self._run_start = np.zeros((0, 0), dtype=np.int64)
+        self._run_obs = np.zeros((0, 0), dtype=np.int64)
         self._calm = np.zeros((0, 0))
         self._alerted = np.zeros((0, 0), dtype=bool)
         self._steps_seen = 0.0
         self._k_median = 1.0
         self._stage_base: dict[str, list[float]] = {}
         self._stage_run: dict[str, float] = {}
+        self._stage_calm: dict[str, float] = {}
         self._stage_alerted: set[str] = set()
         self._scores: dict[str, tuple[list[float], list[int]]] = {}
 
@@ -232,6 +236,7 @@ class StragglerDetector:
         self._pos = grown(self._pos, 0)
         self._run = grown(self._run, 0.0)
         self._run_start = grown(self._run_start, 0)
+        self._run_obs = grown(self._run_obs, 0)
         self._calm = grown(self._calm, 0.0)
         self._alerted = grown(self._alerted, False)
         self._shape = (m, d)
@@ -304,16 +309,22 @@ class StragglerDetector:
         pos = self._pos[m_idx, d_idx]
         self._ring[m_idx, d_idx, pos] = ratio[m_idx, d_idx]
         self._ring_k[m_idx, d_idx, pos] = k[m_idx, d_idx]
-        self._ring_tick[m_idx, d_idx, pos] = tick
+        start_s = tick * window.tick_s  # seconds: the tick may change later
+        self._ring_tick[m_idx, d_idx, pos] = start_s
         self._pos[m_idx, d_idx] = (pos + 1) % cfg.ring
         run = self._run[:n_m, :n_d]
         slow_now = new & (ratio >= cfg.transient_factor)
         starting = slow_now & (run == 0)
-        self._run_start[:n_m, :n_d] = np.where(starting, tick, self._run_start[:n_m, :n_d])
+        self._run_start[:n_m, :n_d] = np.where(starting, start_s, self._run_start[:n_m, :n_d])
         self._run[:n_m, :n_d] = np.where(new, np.where(slow_now, run + k, 0.0), run)
+        # Several observations, not one sample that covers many steps, make a run.
+        obs = self._run_obs[:n_m, :n_d]
+        self._run_obs[:n_m, :n_d] = np.where(new, np.where(slow_now, obs + 1, 0), obs)
 
         persistent, mean_ratio, onset = self._persistent(n_m, n_d)
-        transient = self._run[:n_m, :n_d] >= cfg.transient_steps
+        transient = (self._run[:n_m, :n_d] >= cfg.transient_steps) & (
+            self._run_obs[:n_m, :n_d] >= MIN_OBSERVATIONS
+        )
         flagged = (persistent | transient) & active[:, None]
         calm = new & ~flagged & (np.nan_to_num(ratio, nan=1.0) < 1 + cfg.persistent_excess / 2)
         quiet = self._calm[:n_m, :n_d]
@@ -351,13 +362,17 @@ class StragglerDetector:
         return alerts
 
     def _synchronous(self, step: np.ndarray, new: np.ndarray) -> bool:
-        """A synchronous job: its ranks are at the same step (within one), or, without step
-        numbers, their latest step times are equal within ``sync_spread``."""
+        """A synchronous job: the ranks that reported this tick are at the same step (within the
+        steps one sample covers), or, without step numbers, their latest step times are equal
+        within ``sync_spread``."""
         n_m, n_d = step.shape
         self._latest_step[:n_m, :n_d] = np.where(new, step, self._latest_step[:n_m, :n_d])
-        numbers = self._number[:n_m, :n_d]
-        if np.isfinite(numbers).sum() >= 2:
-            return bool(np.nanmax(numbers) - np.nanmin(numbers) <= 2)
+        # The ranks that reported this tick: one that left long ago keeps an old number.
+        numbers = self._number[:n_m, :n_d][new]
+        numbers = numbers[np.isfinite(numbers)]
+        if numbers.size >= 2:
+            # Within a sample's worth of steps (ranks sampled at slightly different moments).
+            return bool(numbers.max() - numbers.min() <= max(2.0, 2.0 * self._k_median))
         times = self._latest_step[:n_m, :n_d]
         times = times[np.isfinite(times)]
         if times.size < 2:
@@ -394,7 +409,7 @@ class StragglerDetector:
 
     def _persistent(self, n_m: int, n_d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Ranks slower by the excess over their last ``persistent_steps`` steps; their mean
-        ratio, and the tick the slowness started (the oldest slow observation counted)."""
+        ratio, and the second the slowness started (the oldest slow observation counted)."""
         cfg = self.config
         b = cfg.ring
         # Observations that cover the last persistent_steps steps, at the job's steps per sample.
@@ -409,6 +424,7 @@ class StragglerDetector:
             share = (use & (ratios >= 1 + cfg.persistent_excess / 2)).sum(axis=2) / use.sum(axis=2)
         persistent = (
             (steps >= cfg.persistent_steps)
+            & (use.sum(axis=2) >= MIN_OBSERVATIONS)
             & (mean >= 1 + cfg.persistent_excess)
             & (share >= cfg.persistent_share)
         )
@@ -482,8 +498,12 @@ class StragglerDetector:
             normal = float(np.median(base))
             if r >= normal * (1 + cfg.stage_excess):
                 self._stage_run[g] = self._stage_run.get(g, 0.0) + self._k_median
+                self._stage_calm[g] = 0.0
             else:
                 self._stage_run[g] = 0.0
+                self._stage_calm[g] = self._stage_calm.get(g, 0.0) + self._k_median
+                if g in self._stage_alerted and self._stage_calm[g] >= cfg.rearm_steps:
+                    self._stage_alerted.discard(g)  # back to normal: its workers are judged again
                 continue
             if g in self._stage_alerted or self._stage_run[g] < cfg.persistent_steps:
                 continue
@@ -557,7 +577,7 @@ class StragglerDetector:
         lost = ranks_in_job * (1 - 1 / slowdown)
         start = int(onset[m, ranks].min() if persistent else self._run_start[m, ranks].min())
         if start >= 2**62:
-            start = tick
+            start = tick * window.tick_s
         ratio = own / reference if reference > 0 else math.nan
         return Alert(
             job=window.job,
@@ -565,7 +585,7 @@ class StragglerDetector:
             kind=AlertKind.STRAGGLER,
             metric=signal,
             score=round(ratio, 4),
-            first_ts=float(max(start * window.tick_s, window.first_sec)),
+            first_ts=float(max(start, window.first_sec)),
             detected_ts=float(window.tick_end(tick)),
             devices=tuple(devices[int(r)] for r in ranks),
             domain=info.domain,

@@ -119,14 +119,19 @@ class PendingEvent:
 
 
 class JobWindow:
-    """Ring buffer of one job's newest seconds.
+    """Ring buffer of one job's newest ticks.
 
     Parameters
     ----------
     job
         Job id.
     horizon_s
-        Seconds kept; must cover the detection window and the silence rule's look-back.
+        Ticks kept (seconds at the 1-second tick; :attr:`horizon_s` is then in seconds); must
+        cover the detection window and the rules' look-back.
+    tick_s
+        The job's sampling interval, when known; learnt from the data otherwise.
+    limits
+        Bounds on what the window holds (:class:`WindowLimits`).
     """
 
     def __init__(
@@ -144,16 +149,16 @@ class JobWindow:
         self.job = job
         self.limits = limits or WindowLimits()
         self.slots = horizon_s
+        """Ticks kept (seconds at the agent's 1-second tick)."""
         self.first_sec = NEVER
         """First second of data the job sent (alert onsets are never earlier)."""
-        """Ticks kept (seconds at the agent's 1-second tick)."""
         self.tick_s = tick_s or 1
         """Seconds per tick: the job's finest sampling interval, learnt unless given."""
         self.calibrated = tick_s is not None
         self.cadence_known = tick_s is not None
+        """The tick has been estimated (or given) at least once: detection may start."""
         self.fixed_tick = tick_s is not None
         """The tick was given: calibration learns the series' intervals only."""
-        """The tick has been estimated (or given) at least once: detection may start."""
         self.series_every = np.ones(0, dtype=np.int64)
         """Per series, its sampling interval in ticks (1 unless sampled more coarsely)."""
         self.machine_interval_s = np.ones(0)
@@ -342,7 +347,8 @@ class JobWindow:
             self._mark_machine(m, sec)
         if leaving:
             reason = (leaving[-1].message or "goodbye")[:160]
-            self.depart([m], "left", leaving[-1].ts, reason)
+            # Dated by its batch: a goodbye's own clock could keep the machine out for good.
+            self.depart([m], "left", batch.ts, reason)
 
     def _columns_for(self, m: int, layout: tuple[tuple[str, str], ...]) -> np.ndarray:
         """Series indices of a batch's layout; -1 for a series refused (a name too long, or
@@ -431,7 +437,9 @@ class JobWindow:
         if not idx.size:
             return
         self.departed[idx] = True
-        self.departed_sec[idx] = math.floor(ts)
+        # Only samples newer than the machine's own last one bring it back (a batch departs
+        # at its earliest onset; a late sample of a later-silent member is not a return).
+        self.departed_sec[idx] = np.maximum(math.floor(ts), self._machine_last_seen[idx])
         names = tuple(self.machines[m].name for m in idx)
         self.membership.append(MembershipChange(self.job, change, names, float(ts), reason))
         logger.info(

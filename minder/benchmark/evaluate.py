@@ -482,9 +482,13 @@ def straggler_stats(cases: Sequence[CaseMatch]) -> dict[str, Any]:
                 stretch = true_s or 1.0
                 if hit is not None and hit.alert.evidence.get("sync") is False:
                     stretch = float(hit.alert.evidence.get("ratio", stretch))
-                steps.setdefault(instance.fault, []).append(
-                    instance.latency_s / (run.step_s * stretch)
+                # To the first straggler alert when there is one, else to the first alert.
+                latency = (
+                    max(0.0, hit.alert.detected_ts - instance.start_ts)
+                    if hit is not None
+                    else instance.latency_s
                 )
+                steps.setdefault(instance.fault, []).append(latency / (run.step_s * stretch))
             live = hit.alert.evidence.get("job_slowdown") if hit is not None else None
             if live is not None and true_s:
                 errors.append(abs(float(live) - true_s) / true_s)

@@ -302,7 +302,8 @@ class DetectionService:
         # The job's "now" is where most machines are, not the newest timestamp seen: a node whose
         # clock runs ahead must not drag the evaluation (and the others' samples) behind it.
         last_seen = window.machine_last_seen()
-        known = last_seen[last_seen != NEVER]
+        # Machines in the job: those that left (a scale-down) must not hold the clock back.
+        known = last_seen[window.active()]
         newest = min(window.newest_sec, int(np.percentile(known, 90))) if known.size else NEVER
         if newest == NEVER:
             return []

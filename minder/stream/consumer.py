@@ -278,7 +278,6 @@ class BatchConsumer:
         # redelivery does not write them again.
         self._pending_dead: set[tuple[TopicPartition, int]] = set()
         self._dead_attempts: dict[tuple[TopicPartition, int], int] = {}
-        self._poisoned: set[tuple[TopicPartition, int]] = set()
         self._handler_tries: dict[tuple[tuple[TopicPartition, int], ...], int] = {}
         self._backlog: dict[TopicPartition, int] = {}
         self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
@@ -383,8 +382,8 @@ class BatchConsumer:
         sends: list[_Send] = []
         for tp in partitions:
             for record in fetched[tp]:
-                if (tp, record.offset) in self._poisoned:
-                    continue  # a batch the handler could not take: already dead-lettered
+                if (tp, record.offset) in self._pending_dead:
+                    continue  # dead-lettered already (a batch the handler could not take)
                 try:
                     batches.append(decode_batch(record.value or b""))
                     sources.append((tp, record))
@@ -580,7 +579,8 @@ class BatchConsumer:
         batch that crashes detection must not stall every partition). When every batch fails
         alone too, the trouble is the handler's (an outage): the poll is retried as before.
         Returns the error that remains, if any."""
-        key = tuple((tp, record.offset) for tp, record in sources[:1] + sources[-1:])
+        # The poll starts again at the same message after each rewind, whatever arrives after.
+        key = tuple((tp, record.offset) for tp, record in sources[:1])
         tries = self._handler_tries.get(key, 0) + 1
         self._handler_tries = {key: tries}
         if tries < DEAD_LETTER_ATTEMPTS:
@@ -601,7 +601,7 @@ class BatchConsumer:
         sends: list[_Send] = []
         for tp, record, raised in failed:
             self.stats.handler_failures += 1
-            self._poisoned.add((tp, record.offset))
+            # Skipped by later polls only once its dead letter is acknowledged (_pending_dead).
             failure = HandlerError(
                 f"the handler raised {type(raised).__name__} on this batch alone, after "
                 f"{DEAD_LETTER_ATTEMPTS} failed polls: {str(raised)[:200]}"
