@@ -22,6 +22,7 @@ SERVICE_METRICS = {
     "minder_open_alerts",
     "minder_alert_deliveries_total",
     "minder_jobs",
+    "minder_stalled_jobs",
     "minder_machines",
     "minder_job_machines",
     "minder_job_sampling_interval_seconds",

@@ -101,6 +101,8 @@ class JobState:
     detector: JobDetector
     evaluated_sec: int = NEVER
     last_batch_wall: float = 0.0
+    last_evaluation_wall: float = 0.0
+    first_batch_wall: float = 0.0
     newest_ts: float = -math.inf
 
 
@@ -199,7 +201,7 @@ class DetectionService:
                     continue
                 detector = self.factory()
                 window = JobWindow(batch.job, detector.horizon_s, limits=self.limits.window)
-                state = JobState(window, detector)
+                state = JobState(window, detector, first_batch_wall=now_wall)
                 self.jobs[batch.job] = state
                 self._load_open_alerts(batch.job)
                 logger.info("new job %s", batch.job[:64])
@@ -251,6 +253,20 @@ class DetectionService:
             )
         return reason
 
+    def stalled_jobs(self, stall_s: float = 60.0) -> list[str]:
+        """Jobs whose data keeps arriving while their evaluation has not advanced for
+        ``stall_s`` seconds (or three of the job's sampling intervals; wall clock): detection
+        is stalled for them."""
+        now = self.clock()
+        out = []
+        for job, state in self.jobs.items():
+            limit = max(stall_s, 3.0 * state.window.tick_s)  # a coarse job reports seldom
+            if now - state.last_batch_wall < limit and (
+                now - max(state.last_evaluation_wall, state.first_batch_wall) > limit
+            ):
+                out.append(job)
+        return sorted(out)
+
     # -- detection --------------------------------------------------------------------------
     def tick(self) -> list[Alert]:
         """Evaluate every job up to its watermark; return the new alerts."""
@@ -262,6 +278,7 @@ class DetectionService:
                 continue
             new_alerts.extend(self._advance(state))
         self.metrics.jobs.set(len(self.jobs))
+        self.metrics.stalled_jobs.set(len(self.stalled_jobs()))
         self.metrics.machines.set(sum(s.window.n_machines for s in self.jobs.values()))
         self._export_open_alerts()
         return new_alerts
@@ -318,7 +335,8 @@ class DetectionService:
             start = watermark
         out: list[Alert] = []
         if start <= watermark:
-            self.metrics.job_last_evaluation.labels(window.job).set(self.clock())
+            state.last_evaluation_wall = self.clock()
+            self.metrics.job_last_evaluation.labels(window.job).set(state.last_evaluation_wall)
         for sec in range(start, watermark + 1):
             began = time.process_time()
             raised = state.detector.evaluate(window, sec)

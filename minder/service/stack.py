@@ -194,7 +194,9 @@ def build_stack(
         raise
 
     def readiness() -> dict[str, bool]:
-        checks: dict[str, bool] = {}
+        # Detection stalled for a job whose data still arrives: not ready (a frozen clock, a
+        # handler stuck behind a lock).
+        checks: dict[str, bool] = {"detection_not_stalled": not service.stalled_jobs()}
         if worker is not None:
             checks["kafka_group_joined"] = worker.ready
         if poller is not None:

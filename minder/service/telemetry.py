@@ -131,6 +131,11 @@ class ServiceMetrics:
             registry=r,
         )
         self.jobs = Gauge("minder_jobs", "Jobs with a live detection window", registry=r)
+        self.stalled_jobs = Gauge(
+            "minder_stalled_jobs",
+            "Jobs whose data keeps arriving while their evaluation has not advanced for a minute",
+            registry=r,
+        )
         self.machines = Gauge("minder_machines", "Machines across live job windows", registry=r)
         self.job_machines = Gauge(
             "minder_job_machines", "Machines in the job's detection window", [JOB_LABEL], registry=r

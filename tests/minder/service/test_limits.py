@@ -128,3 +128,25 @@ def test_machine_scores_are_exported_for_the_top_k_only() -> None:
         for sample in metric.samples
     ]
     assert 0 < len(text) <= 5
+
+
+def test_a_job_whose_data_arrives_but_whose_evaluation_stops_is_stalled() -> None:
+    s = service()
+    wall = [NOW]
+    s.clock = lambda: wall[0]
+    nodes = [f"n{i}" for i in range(6)]
+    for t in range(5):
+        wall[0] = NOW + t
+        s.ingest([batch(node=n, ts=NOW + t) for n in nodes])
+        s.tick()
+    assert s.stalled_jobs() == []
+    # Batches keep coming, all stamped with one frozen second: the watermark cannot move.
+    for t in range(5, 80):
+        wall[0] = NOW + t
+        s.ingest([batch(node=n, ts=NOW + 4) for n in nodes])
+        s.tick()
+    assert s.stalled_jobs() == ["j"]
+    assert s.metrics.registry.get_sample_value("minder_stalled_jobs") == 1
+    # A job whose data stopped is not stalled, only idle.
+    wall[0] += 120
+    assert s.stalled_jobs() == []
