@@ -132,31 +132,20 @@ class Episodes:
         """Machines that fell silent together: their domain's fault when they are (enough of)
         one domain, else a membership change of the job."""
         findings = {k[0]: self._pending.pop(k)[1] for k in batch}
-        out: list[Finding] = []
-        by_domain: dict[str, list[int]] = {}
-        for m in sorted(findings):
-            by_domain.setdefault(window.machines[m].domain, []).append(m)
-        for domain, members in by_domain.items():
-            # A whole domain (enough of it) among them is that domain's fault, whatever else
-            # fell silent at the same time.
-            if not domain:
-                continue
-            known = set(members) | self._domain_members.get(domain, set())
-            if len(known) >= self._domain_needed(window, domain):
-                if domain not in self._domain_members:
-                    out.append(
-                        domain_finding(
-                            window, domain, [findings[m] for m in members], sorted(known)
-                        )
-                    )
-                self._domain_members[domain] = known
-                for m in members:
-                    del findings[m]
-        if not findings:
-            return out
         machines = sorted(findings)
-        if len(machines) < self.config.batch_min_machines:
-            return out + list(findings.values())  # a lone machine left over: its own alert
+        domains = {window.machines[m].domain for m in machines}
+        domain = next(iter(domains))
+        # One domain, and enough of it, is that domain's fault. Machines of several domains
+        # falling silent together are a scale-down: a switch takes only its own machines (a
+        # whole rack plus an unrelated crash in the same seconds is taken for one too).
+        if len(domains) == 1 and domain:
+            known = set(machines) | self._domain_members.get(domain, set())
+            if len(known) >= self._domain_needed(window, domain):
+                new = domain not in self._domain_members
+                self._domain_members[domain] = known
+                if not new:
+                    return []
+                return [domain_finding(window, domain, list(findings.values()), sorted(known))]
         reporting = int(window.active().sum()) - len(machines)
         first = min(f.first_sec for f in findings.values())
         window.depart(
@@ -166,7 +155,7 @@ class Episodes:
             f"{len(machines)} machines fell silent within "
             f"{self.cadence.batch_spread_s:.0f} s of each other while {reporting} kept reporting",
         )
-        return out
+        return []
 
 
 def domain_finding(
