@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from server_process import find_binary, log_tail, stop_process, wait_http_ready
@@ -206,3 +207,17 @@ def prometheus_server(
         server = PrometheusServer(f"http://127.0.0.1:{port}", process, log_path)
         wait_http_ready(process, server.url + "/-/ready", "prometheus", log_path, ready_timeout)
         yield server
+
+
+class FlakyTransport(httpx.BaseTransport):
+    """The real network, failing to connect for the first ``failures`` requests."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.failures > 0:
+            self.failures -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.inner.handle_request(request)

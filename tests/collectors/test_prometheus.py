@@ -15,11 +15,10 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import httpx
 import numpy as np
+import prometheus_server
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,14 +52,6 @@ T0 = float((int(time.time()) - 3 * 3600) // 15 * 15)
 TS = T0 + STEP * np.arange(N)
 
 
-def load_harness() -> ModuleType:
-    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
-    folder through ``tests/conftest.py``)."""
-    import prometheus_server
-
-    return prometheus_server
-
-
 def ib_fixture() -> dict[tuple[str, str, str], float]:
     """``(name, device, port)`` → value of node_exporter's own e2e InfiniBand exposition."""
     if not NODE_EXPORTER_IB.is_file():
@@ -76,7 +67,7 @@ def ib_fixture() -> dict[tuple[str, str, str], float]:
 
 def families() -> list[Any]:
     """The stored history of the mapping tests (see the expectations in each test)."""
-    h = load_harness()
+    h = prometheus_server
     k = np.arange(N, dtype=float)
     flat = 0 * k
     out: list[Any] = []
@@ -166,7 +157,7 @@ def families() -> list[Any]:
 @pytest.fixture(scope="module")
 def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("prom-history")
-    h = load_harness()
+    h = prometheus_server
     path = directory / "history.om"
     h.write_openmetrics(path, families())
     h.create_blocks(path, directory)
@@ -175,7 +166,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def prom(history: Path) -> Iterator[Any]:
-    with load_harness().prometheus_server(history, retention="100y") as server:
+    with prometheus_server.prometheus_server(history, retention="100y") as server:
         yield server
 
 
@@ -395,7 +386,7 @@ def test_too_many_samples_halves_the_chunk_then_fails_clearly(
 
     copy = tmp_path / "copy"
     shutil.copytree(history / "data", copy / "data", ignore=shutil.ignore_patterns("lock", "wal"))
-    with load_harness().prometheus_server(
+    with prometheus_server.prometheus_server(
         copy, retention="100y", extra_args=["--query.max-samples=10"]
     ) as server:
         selected = read(server.url, matchers=['{Hostname="node-a",gpu="1"}'])
@@ -432,24 +423,10 @@ def test_a_refused_query_names_the_query_and_the_servers_error(prom: Any) -> Non
     assert prom.url in str(caught.value)
 
 
-class FlakyTransport(httpx.BaseTransport):
-    """The real network, failing to connect for the first ``failures`` requests."""
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.inner = httpx.HTTPTransport()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if self.failures > 0:
-            self.failures -= 1
-            raise httpx.ConnectError("connection refused", request=request)
-        return self.inner.handle_request(request)
-
-
 def test_connection_errors_are_retried_a_bounded_number_of_times(prom: Any) -> None:
-    assert len(read(prom.url, transport=FlakyTransport(2)).frame) > 0
+    assert len(read(prom.url, transport=prometheus_server.FlakyTransport(2)).frame) > 0
     with pytest.raises(PrometheusError, match=r"4 attempts"):
-        read(prom.url, transport=FlakyTransport(100))
+        read(prom.url, transport=prometheus_server.FlakyTransport(100))
 
 
 class FakePrometheus(ThreadingHTTPServer):

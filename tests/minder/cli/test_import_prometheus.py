@@ -15,11 +15,11 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import prometheus_server
 import pytest
 from typer.testing import CliRunner
 
@@ -40,14 +40,6 @@ T0 = float((int(time.time()) - 3 * 3600) // 15 * 15)
 TS = T0 + STEP * np.arange(STEPS)
 
 
-def load_harness() -> ModuleType:
-    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
-    folder through ``tests/conftest.py``)."""
-    import prometheus_server
-
-    return prometheus_server
-
-
 def host(m: int) -> str:
     return f"gpu-node-{m:02d}"
 
@@ -59,7 +51,7 @@ def simulate() -> tuple[list[Any], dict[str, np.ndarray]]:
     machine's GPUs and NICs drop to a third of that from minute 20. Cluster ``b`` (two more
     machines) is there to be left out by ``--match``.
     """
-    h = load_harness()
+    h = prometheus_server
     rng = np.random.default_rng(7)
     level = np.ones((MACHINES, STEPS))
     level[FAULTY, FAULT_STEP:] = 1 / 3
@@ -123,7 +115,7 @@ def simulate() -> tuple[list[Any], dict[str, np.ndarray]]:
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> Any:
     directory = tmp_path_factory.mktemp("prom-job")
-    h = load_harness()
+    h = prometheus_server
     families, expected = simulate()
     path = directory / "job.om"
     h.write_openmetrics(path, families)

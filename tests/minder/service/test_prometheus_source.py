@@ -18,11 +18,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import httpx
 import numpy as np
+import prometheus_server
 import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
@@ -45,17 +44,9 @@ TS = T0 + STEP * np.arange(STEPS)
 LAG = 30.0
 
 
-def load_harness() -> ModuleType:
-    """The real-Prometheus harness (``tests/prometheus_server.py``, on the path of every test
-    folder through ``tests/conftest.py``)."""
-    import prometheus_server
-
-    return prometheus_server
-
-
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    h = load_harness()
+    h = prometheus_server
     rng = np.random.default_rng(3)
     util, power, tx = [], [], []
     for m in range(MACHINES):
@@ -76,20 +67,6 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     h.create_blocks(path, directory)
     with h.prometheus_server(directory, retention="100y") as server:
         yield server
-
-
-class FlakyTransport(httpx.BaseTransport):
-    """The real network, failing to connect for the first ``failures`` requests."""
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.inner = httpx.HTTPTransport()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if self.failures > 0:
-            self.failures -= 1
-            raise httpx.ConnectError("connection refused", request=request)
-        return self.inner.handle_request(request)
 
 
 class Clock:
@@ -148,7 +125,7 @@ def test_a_failed_poll_is_read_again_with_the_next_one(prom: Any) -> None:
     target = service()
     clock = Clock(0)
     # every failed poll makes 4 attempts; three polls fail, then the network is back
-    source = poller(prom.url, target, clock, transport=FlakyTransport(3 * 4))
+    source = poller(prom.url, target, clock, transport=prometheus_server.FlakyTransport(3 * 4))
     handed = []
     for step in range(6):
         clock.now = T0 + STEP * step + LAG
@@ -168,7 +145,11 @@ def test_steps_beyond_the_catch_up_bound_are_skipped_and_counted(prom: Any) -> N
     target = service()
     clock = Clock(0)
     source = poller(
-        prom.url, target, clock, transport=FlakyTransport(4 * 4), max_catchup_s=2 * STEP
+        prom.url,
+        target,
+        clock,
+        transport=prometheus_server.FlakyTransport(4 * 4),
+        max_catchup_s=2 * STEP,
     )
     handed = []
     for step in range(6):
