@@ -28,8 +28,10 @@ import re
 import socket
 import time
 import urllib.parse
+from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +41,8 @@ from minder.core.metrics import validate_sample
 from minder.core.records import Event, EventKind
 
 logger = logging.getLogger(__name__)
+
+_Key = TypeVar("_Key", bound=Hashable)
 
 DEFAULT_URL = "http://127.0.0.1:9400/metrics"
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -330,15 +334,23 @@ class DcgmSource:
         out.add(metric, device, value)
 
     def _xid(self, device: str, value: float, now: float, out: Collected) -> None:
-        code = int(value)
-        last = self._last_xid.get(device)
-        self._last_xid[device] = code
-        if last is None:
-            return  # first sight: a nonzero code is history from before this agent
-        new = code not in (0, last)
+        new = xid_change(self._last_xid, device, int(value))
+        if new is None:
+            return
         if new:
-            out.events.append(Event(EventKind.XID, device, now, code=code))
+            out.events.append(Event(EventKind.XID, device, now, code=int(value)))
         out.add("gpu_xid_count", device, 1.0 if new else 0.0)
+
+
+def xid_change(last_xid: dict[_Key, int], key: _Key, code: int) -> bool | None:
+    """DCGM's last-XID gauge read again: record ``code`` for ``key`` and say whether it is a
+    new XID (a non-zero code other than the last one). None at first sight: a non-zero code
+    then is history from before this reader."""
+    last = last_xid.get(key)
+    last_xid[key] = code
+    if last is None:
+        return None
+    return code not in (0, last)
 
 
 def _known_lines(text: str) -> list[str]:

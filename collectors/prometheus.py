@@ -43,7 +43,7 @@ import orjson
 import pandas as pd
 
 from collectors.agent import exported_count_name
-from collectors.dcgm import FIELDS, RATIO_SLACK, FieldKind, is_blank
+from collectors.dcgm import FIELDS, RATIO_SLACK, FieldKind, is_blank, xid_change
 from collectors.rdma import port_device_name
 from minder.core.errors import MinderError, ValidationError
 from minder.core.metrics import METRICS, MetricKind, validate_device
@@ -1087,14 +1087,11 @@ class PrometheusReader:
         for at, value in zip(ts.tolist(), values.tolist(), strict=True):
             if not math.isfinite(value) or is_blank(value):
                 continue
-            code = int(value)
-            last = self._last_xid.get(key)
-            self._last_xid[key] = code
-            if last is None:
+            new = xid_change(self._last_xid, key, int(value))
+            if new is None:
                 continue
-            new = code not in (0, last)
             if new:
-                events.append((job, machine, Event(EventKind.XID, device, at, code=code)))
+                events.append((job, machine, Event(EventKind.XID, device, at, code=int(value))))
             out_ts.append(at)
             out_values.append(1.0 if new else 0.0)
         return np.asarray(out_ts, dtype=np.float64), np.asarray(out_values, dtype=np.float64)
