@@ -103,6 +103,8 @@ class JobState:
     last_batch_wall: float = 0.0
     last_evaluation_wall: float = 0.0
     first_batch_wall: float = 0.0
+    rejected_exported: dict[str, int] = field(default_factory=dict)
+    """The window's refusals already counted in ``minder_rejected_total``."""
     newest_ts: float = -math.inf
 
 
@@ -206,13 +208,7 @@ class DetectionService:
                 self._load_open_alerts(batch.job)
                 logger.info("new job %s", batch.job[:64])
             before = state.window.stats.too_old
-            rejected_before = dict(state.window.stats.rejected)
             state.window.add_batch(batch)
-            for reason, count in state.window.stats.rejected.items():
-                if count != rejected_before.get(reason, 0):
-                    self.metrics.rejected.labels(reason=reason).inc(
-                        count - rejected_before.get(reason, 0)
-                    )
             state.last_batch_wall = now_wall
             self.metrics.samples_too_old.inc(state.window.stats.too_old - before)
             self.metrics.samples.inc(len(batch.samples))
@@ -223,6 +219,12 @@ class DetectionService:
         self.metrics.batches.inc(placed)
         for job, ts in newest_of.items():
             state = self.jobs[job]
+            # What the window refused, counted once per call rather than per batch.
+            for reason, count in state.window.stats.rejected.items():
+                seen = state.rejected_exported.get(reason, 0)
+                if count != seen:
+                    self.metrics.rejected.labels(reason=reason).inc(count - seen)
+                    state.rejected_exported[reason] = count
             if ts > state.newest_ts:
                 state.newest_ts = ts
                 self.metrics.job_last_sample.labels(job).set(ts)
