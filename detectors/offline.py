@@ -328,32 +328,27 @@ def _detect_job(
     values = rows["value"].to_numpy(dtype=np.float32)[order]
 
     # Map names to window indices through the categories, never row by row.
+    # Dense code lookups (codes index the categories): no sort of the whole table.
     machine_codes, machine_names = _codes(rows["machine"], order)
     group_codes, group_names = _codes(rows["group"], order)
     domain_codes, domain_names = _codes(rows["domain"], order)
-    first_row = np.unique(machine_codes, return_index=True)[1]
     lookup = np.zeros(len(machine_names), dtype=np.int64)
-    for i in first_row:
-        code = machine_codes[i]
+    for code, i in _first_rows(machine_codes, len(machine_names)):
         lookup[code] = window.machine_id(
             machine_names[code], group_names[group_codes[i]], domain_names[domain_codes[i]]
         )
     row_machine = lookup[machine_codes]
     metric_codes, metric_names = _codes(rows["metric"], order)
     device_codes, device_names = _codes(rows["device"], order)
-    pair_codes, first_of_pair = np.unique(
-        metric_codes.astype(np.int64) * len(device_names) + device_codes, return_inverse=True
-    )
-    series_ids = np.asarray(
-        [
-            window.series_id(
-                metric_names[p // len(device_names)], device_names[p % len(device_names)]
-            )
-            for p in pair_codes
-        ],
-        dtype=np.int64,
-    )
-    row_series = series_ids[first_of_pair]
+    n_devices = len(device_names)
+    pairs = metric_codes.astype(np.int64) * n_devices + device_codes
+    series_of_pair = np.zeros(len(metric_names) * n_devices, dtype=np.int64)
+    for p in _present(pairs, len(series_of_pair)).tolist():
+        series_of_pair[p] = window.series_id(
+            metric_names[p // n_devices], device_names[p % n_devices]
+        )
+    row_series = series_of_pair[pairs]
+    del pairs
 
     # Blocks of whole seconds: the replay counts repeats block by block.
     starts = np.concatenate(([0], np.flatnonzero(secs[1:] != secs[:-1]) + 1))
@@ -372,6 +367,22 @@ def _detect_job(
         lo = hi
     covered = replay.finish(late, back)
     return replay.alerts, covered, replay.membership
+
+
+def _present(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """The distinct values of ``codes`` (all in ``0..n_codes−1``), increasing: a bitmap over
+    the codes, linear in the rows (``np.unique`` sorts them)."""
+    seen = np.zeros(n_codes, dtype=bool)
+    seen[codes] = True
+    return np.flatnonzero(seen)
+
+
+def _first_rows(codes: np.ndarray, n_codes: int) -> list[tuple[int, int]]:
+    """``(code, first row)`` of every code present in ``codes``, by increasing code."""
+    first = np.full(n_codes, len(codes), dtype=np.int64)
+    np.minimum.at(first, codes, np.arange(len(codes), dtype=np.int64))
+    present = np.flatnonzero(first < len(codes))
+    return list(zip(present.tolist(), first[present].tolist(), strict=True))
 
 
 def _codes(column: pd.Series, order: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -418,7 +429,9 @@ class _JobScan:
         self._add_machines(sec, codes, names)
         metric, device = codes["metric"], codes["device"]
         n_devices = len(names["device"])
-        pairs = np.unique(metric.astype(np.int64) * n_devices + device)
+        pairs = _present(
+            metric.astype(np.int64) * n_devices + device, len(names["metric"]) * n_devices
+        )
         metric_names, device_names = names["metric"], names["device"]
         self.series.update(
             (metric_names[p // n_devices], device_names[p % n_devices]) for p in pairs.tolist()
@@ -443,8 +456,8 @@ class _JobScan:
         np.minimum.at(first_sec, machine, sec)
         # The first row (table order) of each machine's first second.
         at_first = np.flatnonzero(sec == first_sec[machine])
-        present, first = np.unique(machine[at_first], return_index=True)
-        for code, row in zip(present.tolist(), at_first[first].tolist(), strict=True):
+        for code, first in _first_rows(machine[at_first], len(names["machine"])):
+            row = int(at_first[first])
             name, second = names["machine"][code], int(first_sec[code])
             known = self.machines.get(name)
             if known is None or second < known[0]:  # a tie keeps the earlier piece's row

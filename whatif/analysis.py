@@ -34,7 +34,7 @@ from whatif.report import (
     WhatIfResult,
     WorkerScore,
 )
-from whatif.scenarios import DEFAULT_MEMORY_BUDGET, ProgressFn, Replayer, Scenario
+from whatif.scenarios import ProgressFn, Replayer, Scenario
 from whatif.trace import JobMeta, Trace
 from whatif.verdict import Evidence, Thresholds, decide
 from whatif.whatifs import WhatIf
@@ -65,7 +65,7 @@ def analyze(
     thresholds: Thresholds | None = None,
     top_fraction: float = TOP_WORKER_FRACTION,
     exact_workers: int = EXACT_WORKERS,
-    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    memory_budget: int | None = None,
 ) -> WhatIfReport:
     """Run the what-if analysis of ``trace``.
 
@@ -84,7 +84,8 @@ def analyze(
     exact_workers
         How many top workers get an exact S_w replay.
     memory_budget
-        Bytes of replay state one batch of scenarios may use.
+        Bytes of replay state one pass may use (default
+        :func:`whatif.scenarios.default_budget`: 64 MiB or 32 bytes per op, the larger).
 
     Raises
     ------
@@ -419,7 +420,7 @@ def recorded_step_times(model: JobModel) -> np.ndarray:
     finish = model.template.ops_of([optypes.OPTIMIZER])
     if not len(finish):
         finish = np.arange(model.template.n_ops)
-    return np.asarray(model.end[finish].max(axis=(0, 2)))
+    return np.asarray((model.start[finish] + model.duration[finish]).max(axis=(0, 2)))
 
 
 def stage_ideal_durations(model: JobModel) -> np.ndarray:
@@ -470,8 +471,10 @@ def sequence_evidence(model: JobModel) -> tuple[float | None, float | None]:
     per_cell = np.bincount(cell, minlength=n_cells) * f.shape[1]
     f_mean = np.bincount(cell, weights=f.sum(axis=1), minlength=n_cells) / per_cell
     b_mean = np.bincount(cell, weights=b.sum(axis=1), minlength=n_cells) / per_cell
-    fx = f - f_mean[cell][:, None]
-    bx = b - b_mean[cell][:, None]
+    fx = f
+    fx -= f_mean[cell][:, None]  # in place: the trace's compute durations are copied once
+    bx = b
+    bx -= b_mean[cell][:, None]
     f_var = np.bincount(cell, weights=(fx * fx).sum(axis=1), minlength=n_cells) / per_cell
     denominator = math.sqrt(float((fx * fx).sum()) * float((bx * bx).sum()))
     correlation = float((fx * bx).sum()) / denominator if denominator > 0 else None

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minder.core.errors import TraceError
-from whatif.kineto import import_kineto
 from whatif.trace import JobMeta, Trace, read_canonical, read_meta
 
 _KINETO_SUFFIXES = (".json", ".json.gz")
@@ -93,4 +92,6 @@ def load_trace(
             )
         return read_canonical(canonical[0], meta)
     job_meta = read_meta(meta) if isinstance(meta, str | Path) else meta
+    from whatif.kineto import import_kineto  # noqa: PLC0415  (only Kineto inputs need it)
+
     return import_kineto(kineto, job_meta)

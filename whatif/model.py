@@ -3,7 +3,9 @@
 One step of one model-parallel group (all PP stages of one DP rank) is turned into a template
 graph of ops; every (step, DP rank) of the job must have the same ops, so the whole trace becomes
 dense ``(op, step, dp)`` arrays and a replay costs Python work per template op only
-(``docs/whatif-method.md`` §2).
+(``docs/whatif-method.md`` §2). Laying the trace out is linear in its rows: each row's
+``(op key, step, DP rank)`` cell is numbered through lookup tables and the dense arrays are
+gathered from the cells, with no sort of the table (§3.1).
 
 Rules (Megatron-LM 1F1B / interleaved schedules, ZeRO-style DP):
 
@@ -31,16 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from minder.core.errors import TraceError
 from whatif import optypes
 from whatif.trace import Trace
 
 logger = logging.getLogger(__name__)
-
-_DENSE_LIMIT = 16_000_000
-"""Largest (step × DP rank) × op-key table counted densely; larger ones hash the keys first."""
 
 CLOCK_TOLERANCE_S = 0.01
 """Negative transfers and launch delays at or below −10 ms are clock error and set to 0."""
@@ -196,77 +194,79 @@ def build_model(trace: Trace) -> JobModel:
     """
     ops = trace.ops
     notes: list[str] = []
+    where = trace.source or "trace"
     if len(ops) == 0:
-        raise TraceError("the trace has no ops", where=trace.source or "trace")
+        raise TraceError("the trace has no ops", where=where)
     dp = trace.meta.dp_size
-    stage_col = ops["stage"].to_numpy(dtype=np.int64)
-    type_col = ops["optype"].cat.codes.to_numpy().astype(np.int64)
-    seq_col = ops["seq_id"].to_numpy(dtype=np.int64)
-    dp_col = ops["dp_rank"].to_numpy(dtype=np.int64)
-    step_col = ops["step"].to_numpy(dtype=np.int64)
+    n_rows = len(ops)
+    stage_col = ops["stage"].to_numpy()
+    seq_col = ops["seq_id"].to_numpy()
+    dp_col = ops["dp_rank"].to_numpy()
+    step_col = ops["step"].to_numpy()
     start_col = ops["start_ts"].to_numpy(dtype=np.float64)
     duration_col = ops["duration"].to_numpy(dtype=np.float64)
-    # An op is (stage, type, seq); packed into one integer for fast grouping.
+    # An op is (stage, type, seq), packed into one integer and numbered densely in packed order.
     n_types = len(optypes.ALL)
     seq_min = int(seq_col.min())
     seq_span = int(seq_col.max()) - seq_min + 1
-    packed = (stage_col * n_types + type_col) * seq_span + (seq_col - seq_min)
-    key_space = int(packed.max()) + 1
-    steps_all = np.sort(pd.unique(step_col))
-    n_units = len(steps_all) * dp
-    if n_units * key_space <= _DENSE_LIMIT:
-        # Dense keys: no hashing, counts by bincount.
-        key_uniques = np.arange(key_space)
-        key_codes = packed
-    else:
-        key_uniques, key_codes = np.unique(packed, return_inverse=True)
-    n_keys = len(key_uniques)
-    step_idx = np.searchsorted(steps_all, step_col)
-    unit = step_idx * dp + dp_col
-    unit_key = unit * n_keys + key_codes
-    counts = np.bincount(unit_key, minlength=n_units * n_keys).reshape(n_units, n_keys)
-
-    # Exact duplicates (same op, start and duration) are dropped; other duplicates spoil a step.
-    keep_row = np.ones(len(ops), dtype=bool)
-    if (counts > 1).any():
-        rows = np.flatnonzero(counts.ravel()[unit_key] > 1)
-        order = rows[np.lexsort((duration_col[rows], start_col[rows], unit_key[rows]))]
-        same = (
-            (unit_key[order][1:] == unit_key[order][:-1])
-            & (start_col[order][1:] == start_col[order][:-1])
-            & (duration_col[order][1:] == duration_col[order][:-1])
-        )
-        if same.any():
-            dropped = order[1:][same]
-            keep_row[dropped] = False
-            np.subtract.at(counts.ravel(), unit_key[dropped], 1)
-            notes.append(f"dropped {int(same.sum())} exact duplicate row(s)")
+    key_space = (int(stage_col.max()) + 1) * n_types * seq_span
+    packed = _pack_keys(stage_col, ops["optype"].cat.codes.to_numpy(), seq_col, seq_min, seq_span)
+    key_uniques, cell = _dense_codes(packed, key_space)
+    del packed
+    step_min = int(step_col.min())
+    step_values, step_idx = _dense_codes(
+        _offset(step_col, step_min), int(step_col.max()) - step_min + 1
+    )
+    steps_all = step_values + step_min
+    n_keys, n_steps_all = len(key_uniques), len(steps_all)
+    n_units = n_steps_all * dp
+    # Every row's cell in the dense (key, step, dp) table, computed in place.
+    n_cells = n_keys * n_units
+    cell = cell.astype(_index_dtype(n_cells), copy=False)
+    cell *= n_steps_all
+    cell += step_idx
+    del step_idx
+    cell *= dp
+    cell += dp_col
+    # The row of each cell (the last one when a cell has several): a gather, not a sort.
+    cell_row: np.ndarray = np.full(n_cells, -1, dtype=_index_dtype(n_rows))
+    cell_row[cell] = np.arange(n_rows, dtype=cell_row.dtype)
+    multiple: np.ndarray | None = None
+    if int(np.count_nonzero(cell_row >= 0)) < n_rows:
+        multiple = _drop_exact_duplicates(cell, cell_row, start_col, duration_col, n_cells, notes)
+    del cell
 
     # The template is the set of ops most (step, DP rank) units have.
-    present = counts > 0
-    units_present = int(present.any(axis=1).sum())
-    template_keys = present.sum(axis=0) * 2 > units_present
+    present = (cell_row >= 0).reshape(n_keys, n_units)
+    units_present = int(present.any(axis=0).sum())
+    template_keys = present.sum(axis=1) * 2 > units_present
+    every_key = bool(template_keys.all())
     bad_unit = np.zeros(n_units, dtype=bool)
     reasons: dict[str, int] = {}
-    _flag(
-        bad_unit,
-        np.flatnonzero((counts > 1).any(axis=1)),
-        reasons,
-        "an op appears twice with different times",
-    )
-    _flag(
-        bad_unit,
-        np.flatnonzero(present[:, ~template_keys].any(axis=1)),
-        reasons,
-        "an op that other steps do not have",
-    )
+    if multiple is not None:
+        _flag(
+            bad_unit,
+            np.flatnonzero(multiple.reshape(n_keys, n_units).any(axis=0)),
+            reasons,
+            "an op appears twice with different times",
+        )
+        del multiple
+    if not every_key:
+        _flag(
+            bad_unit,
+            np.flatnonzero(present[~template_keys].any(axis=0)),
+            reasons,
+            "an op that other steps do not have",
+        )
     n_template = int(template_keys.sum())
+    in_template = present if every_key else present[template_keys]
     _flag(
         bad_unit,
-        np.flatnonzero(present[:, template_keys].sum(axis=1) < n_template),
+        np.flatnonzero(in_template.sum(axis=0) < n_template),
         reasons,
         "ops or a DP rank missing",
     )
+    del present, in_template
 
     # Template ops sorted by stage, then type, then seq (the packed order) for readable indices.
     template_keys_idx = np.flatnonzero(template_keys)
@@ -277,26 +277,27 @@ def build_model(trace: Trace) -> JobModel:
         seq_id=tkeys % seq_span + seq_min,
         mc=np.full(len(tkeys), -1, dtype=np.int64),
     )
-    op_of_key = np.full(n_keys, -1, dtype=np.int64)
-    op_of_key[template_keys_idx] = np.arange(len(template_keys_idx))
-    row_op = op_of_key[key_codes]
-
+    op_rows = cell_row.reshape(n_keys, n_steps_all, dp)
+    if not every_key:
+        op_rows = op_rows[template_keys_idx]
+    del cell_row
     n_ops = len(tops.stage)
-    start = np.full((n_ops, len(steps_all), dp), np.nan)
-    duration = np.full((n_ops, len(steps_all), dp), np.nan)
-    keep_row &= row_op >= 0
-    r_op, r_step, r_dp = row_op[keep_row], step_idx[keep_row], dp_col[keep_row]
-    start[r_op, r_step, r_dp] = start_col[keep_row]
-    duration[r_op, r_step, r_dp] = duration_col[keep_row]
-    tops.mc[r_op] = ops["mc"].to_numpy()[keep_row]
+    start = start_col[op_rows]
+    duration = duration_col[op_rows]
+    missing = op_rows < 0
+    if missing.any():
+        start[missing] = np.nan
+        duration[missing] = np.nan
+    del missing
+    # Each template op's chunk is that of its last row in the table.
+    tops.mc[:] = ops["mc"].to_numpy()[op_rows.reshape(n_ops, -1).max(axis=1)]
+    del op_rows
 
     # A step is modelled only if all its DP ranks are (DP collectives couple them).
-    bad_step = bad_unit.reshape(len(steps_all), dp).any(axis=1)
-    good_units = ~bad_unit.reshape(len(steps_all), dp)
+    bad_step = bad_unit.reshape(n_steps_all, dp).any(axis=1)
+    good_units = ~bad_unit.reshape(n_steps_all, dp)
     if not (~bad_step).any():
-        raise TraceError(
-            "no step can be modelled: " + _reason_text(reasons), where=trace.source or "trace"
-        )
+        raise TraceError("no step can be modelled: " + _reason_text(reasons), where=where)
     ref_step = int(np.flatnonzero(~bad_step)[0])
 
     # Compute order must match the reference unit.
@@ -306,26 +307,26 @@ def build_model(trace: Trace) -> JobModel:
     if order_bad_units.any():
         units_bad = np.flatnonzero(order_bad_units.ravel())
         _flag(bad_unit, units_bad, reasons, "a different compute order")
-        bad_step = bad_unit.reshape(len(steps_all), dp).any(axis=1)
+        bad_step = bad_unit.reshape(n_steps_all, dp).any(axis=1)
     n_bad = int(bad_step.sum())
-    if n_bad * 2 > len(steps_all):
+    if n_bad * 2 > n_steps_all:
         raise TraceError(
-            f"{n_bad} of {len(steps_all)} steps cannot be modelled: {_reason_text(reasons)}",
-            where=trace.source or "trace",
+            f"{n_bad} of {n_steps_all} steps cannot be modelled: {_reason_text(reasons)}",
+            where=where,
         )
     if n_bad:
         bad_ids = steps_all[bad_step]
         notes.append(
-            f"dropped {n_bad} of {len(steps_all)} steps (steps {_list(bad_ids)}): "
+            f"dropped {n_bad} of {n_steps_all} steps (steps {_list(bad_ids)}): "
             f"{_reason_text(reasons)}"
         )
-    keep = ~bad_step
-    steps = steps_all[keep]
-    start = start[:, keep, :]
-    duration = duration[:, keep, :]
+        keep = ~bad_step
+        start = start[:, keep, :]
+        duration = duration[:, keep, :]
+    steps = steps_all[~bad_step]
     # Times are relative to each step's first start.
     step_first = np.nanmin(start, axis=(0, 2))
-    start = start - step_first[None, :, None]
+    start -= step_first[None, :, None]
 
     template, dropped_ops = _build_template(tops, start, duration, trace.meta.pp_size)
     if dropped_ops is not None:
@@ -369,14 +370,102 @@ def build_model(trace: Trace) -> JobModel:
 
 _MAX_NAMES = 6
 
+_DENSE_SPAN = 1 << 22
+"""Key or step spans up to this (or up to twice the rows) are numbered through a lookup table
+(linear); larger ones by sorting (``np.unique``)."""
+
+
+def _index_dtype(size: int) -> type:
+    """int32 for indices below ``size`` when it fits, else int64."""
+    return np.int32 if size < np.iinfo(np.int32).max else np.int64
+
+
+def _offset(values: np.ndarray, low: int) -> np.ndarray:
+    """``values − low`` in a signed type wide enough for the difference."""
+    if not low:
+        return values
+    high = int(values.max()) - low if len(values) else 0
+    return np.subtract(values, low, dtype=np.int64).astype(_index_dtype(high + 1), copy=False)
+
+
+def _pack_keys(
+    stage: np.ndarray, optype: np.ndarray, seq: np.ndarray, seq_min: int, seq_span: int
+) -> np.ndarray:
+    """Per row: ``(stage · n_types + optype) · seq_span + (seq − seq_min)``, in place in one
+    array of the narrowest index type."""
+    n_types = len(optypes.ALL)
+    space = (int(stage.max()) + 1) * n_types * seq_span + abs(seq_min)
+    packed: np.ndarray = stage.astype(_index_dtype(space))
+    packed *= n_types
+    packed += optype
+    packed *= seq_span
+    packed += seq
+    if seq_min:
+        packed -= seq_min
+    return packed
+
+
+def _dense_codes(values: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct ``values`` (all in ``0..space−1``) and each value's index among them.
+
+    A lookup table over the value space when it is not much larger than the data (linear
+    time); otherwise ``np.unique`` (a sort)."""
+    if space <= max(_DENSE_SPAN, 2 * len(values)):
+        seen = np.zeros(space, dtype=bool)
+        seen[values] = True
+        uniques = np.flatnonzero(seen)
+        del seen
+        number: np.ndarray = np.full(space, -1, dtype=_index_dtype(len(uniques)))
+        number[uniques] = np.arange(len(uniques), dtype=number.dtype)
+        return uniques, number[values]
+    uniques, codes = np.unique(values, return_inverse=True)
+    return uniques, codes.astype(_index_dtype(len(uniques)), copy=False)
+
+
+def _drop_exact_duplicates(
+    cell: np.ndarray,
+    cell_row: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    n_cells: int,
+    notes: list[str],
+) -> np.ndarray:
+    """Rows of one cell with the same start and duration are one op recorded twice: all but
+    the first are dropped (``cell_row`` then holds the last kept row of each cell). Returns
+    which cells still have several rows (an op that appears twice with different times)."""
+    counts = np.bincount(cell, minlength=n_cells)
+    rows = np.flatnonzero(counts[cell] > 1)
+    order = rows[np.lexsort((duration[rows], start[rows], cell[rows]))]
+    same = (
+        (cell[order][1:] == cell[order][:-1])
+        & (start[order][1:] == start[order][:-1])
+        & (duration[order][1:] == duration[order][:-1])
+    )
+    if same.any():
+        dropped = order[1:][same]
+        np.subtract.at(counts, cell[dropped], 1)
+        notes.append(f"dropped {int(same.sum())} exact duplicate row(s)")
+        keep_row = np.ones(len(cell), dtype=bool)
+        keep_row[dropped] = False
+        kept = np.flatnonzero(keep_row)
+        cell_row.fill(-1)
+        cell_row[cell[kept]] = kept
+    return counts > 1
+
 
 def _worker_rank(
     stage: np.ndarray, dp_rank: np.ndarray, rank: np.ndarray, pp: int, dp: int
 ) -> np.ndarray:
-    ranks = np.full((pp, dp), -1, dtype=np.int64)
+    """``(pp, dp)``: each worker's global rank (of its last row that names one), −1 if none."""
+    ranks = np.full(pp * dp, -1, dtype=np.int64)
+    worker: np.ndarray = stage.astype(_index_dtype(pp * dp)) * dp
+    worker += dp_rank
     known = rank >= 0
-    ranks[stage[known], dp_rank[known]] = rank[known]
-    return ranks
+    if known.all():
+        ranks[worker] = rank
+    else:
+        ranks[worker[known]] = rank[known]
+    return ranks.reshape(pp, dp)
 
 
 def _list(values: np.ndarray) -> str:
@@ -405,12 +494,29 @@ def _same_compute_order(
     ok = np.ones((n_steps, dp), dtype=bool)
     for stage in np.unique(stages[compute_ops]):
         ops = compute_ops[stages[compute_ops] == stage]
-        times = start[ops]  # (k, steps, dp)
-        filled = np.where(np.isnan(times), np.inf, times)
-        rank = np.argsort(np.argsort(filled, axis=0, kind="stable"), axis=0, kind="stable")
-        ref = rank[:, ref_step, 0]
-        ok &= (rank == ref[:, None, None]).all(axis=0)
+        # The reference order (a stable sort of the reference unit, missing ops last); a unit
+        # has it iff each op in it starts after the one before, or at the same time when the
+        # earlier one has the lower index (what a stable sort of that unit would give).
+        ref = start[ops, ref_step, 0]
+        order = ops[np.argsort(np.where(np.isnan(ref), np.inf, ref), kind="stable")]
+        ascending = order[1:] > order[:-1]
+        for part in _op_chunks(len(order) - 1, n_steps * dp):
+            a, b = start[order[part]], start[order[part.start + 1 : part.stop + 1]]
+            a[np.isnan(a)] = np.inf
+            b[np.isnan(b)] = np.inf
+            ok &= ((a < b) | ((a == b) & ascending[part, None, None])).all(axis=0)
     return ok
+
+
+_CHUNK_VALUES = 1 << 21
+"""Values (ops × steps × DP ranks) one vectorised step of the model build handles at once."""
+
+
+def _op_chunks(n_ops: int, per_op: int) -> list[slice]:
+    """Slices of ``range(n_ops)`` of at most :data:`_CHUNK_VALUES` values each (at least one op):
+    one slice for a small trace, bounded temporaries for a large one."""
+    size = max(1, _CHUNK_VALUES // max(per_op, 1))
+    return [slice(a, min(a + size, n_ops)) for a in range(0, n_ops, size)]
 
 
 def _build_template(
@@ -757,26 +863,33 @@ def _transfer(
     if not len(comm):
         return transfer, 0
     latest = group_start_max(template, start)
-    end = start[comm] + duration[comm]
-    tr = end - latest[template.group[comm]]
-    clamped = tr <= -CLOCK_TOLERANCE_S
-    tr[clamped] = 0.0
-    transfer[comm] = tr
-    return transfer, int(clamped.sum())
+    clamped = 0
+    for part in _op_chunks(len(comm), latest[0].size):  # bounded temporaries
+        ops = comm[part]
+        tr = start[ops] + duration[ops]
+        tr -= latest[template.group[ops]]
+        low = tr <= -CLOCK_TOLERANCE_S
+        tr[low] = 0.0
+        transfer[ops] = tr
+        clamped += int(np.count_nonzero(low))
+    return transfer, clamped
 
 
 def _launch_delay(
     template: Template, start: np.ndarray, duration: np.ndarray
 ) -> tuple[np.ndarray, int]:
-    end = start + duration
-    ready = np.zeros_like(start)
-    for op, ds in enumerate(template.deps):
+    delay = start.copy()
+    clamped = 0
+    for op, ds in enumerate(template.deps):  # one op at a time: no whole-trace temporaries
         if ds:
-            ready[op] = end[list(ds)].max(axis=0)
-    delay = start - ready
-    clamped = delay <= -CLOCK_TOLERANCE_S
-    delay[clamped] = 0.0
-    return delay, int(clamped.sum())
+            ready = start[ds[0]] + duration[ds[0]]
+            for d in ds[1:]:
+                np.maximum(ready, start[d] + duration[d], out=ready)
+            delay[op] -= ready
+        low = delay[op] <= -CLOCK_TOLERANCE_S
+        delay[op][low] = 0.0
+        clamped += int(np.count_nonzero(low))
+    return delay, clamped
 
 
 def ideal_durations(model: JobModel) -> np.ndarray:

@@ -14,6 +14,7 @@ replay grows with the depth of one model-parallel group's graph, not with the jo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,24 @@ class Program:
     neg_node: int
     levels: tuple[Level, ...]
     finish_ops: np.ndarray
+    widest: int = 1
+    """Most nodes of one kind in one level: the rows of the scratch arrays."""
+
+
+class Workspace:
+    """Arrays reused across replays: a fresh large array is page-faulted in on every use, which
+    costs as much system time as the replay's arithmetic."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """An uninitialised float64 array of ``shape``, reusing the storage of ``name``."""
+        size = math.prod(shape)
+        have = self._arrays.get(name)
+        if have is None or have.size < size:
+            have = self._arrays[name] = np.empty(size)
+        return have[:size].reshape(shape)
 
 
 def compile_template(template: Template) -> Program:
@@ -147,6 +166,7 @@ def compile_template(template: Template) -> Program:
         neg_node=neg,
         levels=tuple(levels),
         finish_ops=finish,
+        widest=max([1] + [b - a for lv in levels for a, b in (lv.starts, lv.gmax, lv.ends)]),
     )
 
 
@@ -177,6 +197,7 @@ def run(
     launch_delay: np.ndarray | None = None,
     *,
     keep_values: bool = False,
+    workspace: Workspace | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Replay ``runs`` independent copies of the template.
 
@@ -191,6 +212,8 @@ def run(
         ``(ops, runs, dp)`` in ``program.start_order``, or ``None`` for no launch delay.
     keep_values
         Also return every node's value.
+    workspace
+        Where the node values and scratch arrays live between calls (default: fresh ones).
 
     Returns
     -------
@@ -203,14 +226,23 @@ def run(
     n_ops, runs, dp = weights.shape
     if n_ops != program.n_ops:
         raise ValueError(f"weights have {n_ops} ops, the program {program.n_ops}")
-    values = np.empty((program.n_nodes, runs, dp), dtype=weights.dtype)
+    space = Workspace() if workspace is None else workspace
+    shape = (program.n_nodes, runs, dp)
+    values = np.empty(shape) if keep_values else space.get("values", shape)
     values[program.zero_node] = 0.0
     values[program.neg_node] = _NEG_INF
+    acc_all = space.get("acc", (program.widest, runs, dp))
+    tmp_all = space.get("tmp", (program.widest, runs, dp))
+
+    # ndarray.take with mode="clip" writes straight into ``out`` (the default mode buffers);
+    # every index is valid, so clipping never applies.
+    take = values.take
 
     def gather_max(index: np.ndarray) -> np.ndarray:
-        acc = values[index[:, 0]]
+        k = len(index)
+        acc = take(index[:, 0], axis=0, out=acc_all[:k], mode="clip")
         for j in range(1, index.shape[1]):
-            np.maximum(acc, values[index[:, j]], out=acc)
+            np.maximum(acc, take(index[:, j], axis=0, out=tmp_all[:k], mode="clip"), out=acc)
         return acc
 
     for lv in program.levels:
@@ -230,7 +262,7 @@ def run(
         a, b = lv.ends
         if b > a:
             np.add(
-                values[lv.end_sources],
+                take(lv.end_sources, axis=0, out=acc_all[: b - a], mode="clip"),
                 weights[lv.end_rows : lv.end_rows + b - a],
                 out=values[a:b],
             )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from whatif.model import JobModel
-from whatif.replay import Program, compile_template, run
+from whatif.replay import Program, Workspace, compile_template, run
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,19 @@ ProgressFn = Callable[[str, int, int], None]
 """``progress(phase, done, total)``: called after each batch of replays."""
 
 DEFAULT_MEMORY_BUDGET = 64 * 2**20
-"""Bytes of replay state one batch may use."""
+"""Least bytes of replay state one pass may use."""
+
+BUDGET_PER_OP = 32
+"""Bytes of replay state per op of the job one pass may use beyond the least. A scenario on
+every DP rank needs about 43 bytes per op, so it takes two passes: each pass costs Python work
+per level of the program (about 10 ms), so fewer passes are faster, and peak memory stays
+proportional to the job (about 120 bytes per op in all at 20 M ops)."""
+
+
+def default_budget(model: JobModel) -> int:
+    """The replay memory budget of ``model``: :data:`DEFAULT_MEMORY_BUDGET` or
+    :data:`BUDGET_PER_OP` bytes per op, whichever is larger."""
+    return max(DEFAULT_MEMORY_BUDGET, BUDGET_PER_OP * model.n_ops_total)
 
 
 @dataclass(frozen=True)
@@ -66,26 +78,46 @@ class Replayer:
     model
         The job laid out on its dependency model.
     memory_budget
-        Bytes of replay state one batch of scenarios may use.
+        Bytes of replay state one pass may use (default: :func:`default_budget`). Scenarios
+        are batched up to it; one scenario larger than it replays a few steps per pass.
     """
 
-    def __init__(self, model: JobModel, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+    def __init__(self, model: JobModel, *, memory_budget: int | None = None) -> None:
         self.model = model
         self.program: Program = compile_template(model.template)
-        self.memory_budget = memory_budget
+        self.memory_budget = default_budget(model) if memory_budget is None else memory_budget
         self.replays = 0
-        # The program takes weights in its end order and delays in its start order.
+        # The program takes weights in its end order and delays in its start order; they are
+        # gathered from the model's arrays per pass (no reordered copy of the whole trace).
         self._end_order = self.program.end_order
-        self._transfer = model.transfer[self._end_order]
         self._ideal = model.ideal[self._end_order]
-        self._delay = model.launch_delay[self.program.start_order]
+        self._workspace = Workspace()  # buffers reused by every pass
+
+    def _step_bytes(self, columns: int | None = None) -> int:
+        """Replay state of one step of one scenario on ``columns`` DP columns."""
+        m = self.model
+        width = m.dp_size if columns is None else columns
+        return max((self.program.n_nodes + 3 * m.template.n_ops) * width * 8, 1)
 
     def batch_size(self, columns: int | None = None) -> int:
         """Scenarios replayed per pass (at least 1) when each uses ``columns`` DP columns."""
-        m = self.model
-        width = m.dp_size if columns is None else columns
-        per_run = (self.program.n_nodes + 3 * m.template.n_ops) * m.n_steps * width * 8
-        return max(1, int(self.memory_budget // max(per_run, 1)))
+        per_run = self._step_bytes(columns) * self.model.n_steps
+        return max(1, int(self.memory_budget // per_run))
+
+    def steps_per_pass(self, columns: int | None = None) -> int:
+        """Steps of one scenario replayed per pass: all of them unless one scenario exceeds the
+        memory budget, then as many as fit (at least 1). Steps replay independently."""
+        fit = int(self.memory_budget // self._step_bytes(columns))
+        return max(1, min(self.model.n_steps, fit))
+
+    def _gather(
+        self, source: np.ndarray, order: np.ndarray, cols: np.ndarray, steps: slice, out: np.ndarray
+    ) -> np.ndarray:
+        """``source[order][:, steps][:, :, cols]`` into ``out``, copying only the columns."""
+        part = source[:, steps]
+        if len(cols) != self.model.dp_size:
+            part = part[:, :, cols]
+        return part.take(order, axis=0, out=out, mode="clip")  # clip: unbuffered, all valid
 
     def columns(self, scenario: Scenario) -> np.ndarray:
         """The DP ranks whose replay ``scenario`` needs.
@@ -122,46 +154,59 @@ class Replayer:
         return np.sort(np.append(original, stand_in))
 
     def weights(
-        self, scenario: Scenario, out: np.ndarray | None = None, columns: np.ndarray | None = None
+        self,
+        scenario: Scenario,
+        out: np.ndarray | None = None,
+        columns: np.ndarray | None = None,
+        steps: slice | None = None,
     ) -> np.ndarray:
         """Replayed durations ``(ops, steps, len(columns))`` of ``scenario`` on DP ranks
-        ``columns`` (default: all), in the program's end order."""
+        ``columns`` (default: all) and the steps ``steps`` (default: all), in the program's end
+        order."""
         m = self.model
         order = self._end_order
         cols = np.arange(m.dp_size) if columns is None else columns
-        every = len(cols) == m.dp_size
-        transfer = self._transfer if every else self._transfer[:, :, cols]
-        shape = transfer.shape
+        span = slice(None) if steps is None else steps
+        n_steps = len(range(*span.indices(m.n_steps)))
+        shape = (m.template.n_ops, n_steps, len(cols))
         if out is None:
             out = np.empty(shape)
         if scenario.keep is None:
-            out[...] = transfer
+            self._gather(m.transfer, order, cols, span, out)
         else:
             ideal = self._ideal if scenario.ideal is None else scenario.ideal[order]
-            out[...] = ideal[:, None, None]
             keep = np.asarray(scenario.keep, dtype=bool)
             if keep.shape == (m.template.n_ops, 1):  # a set of ops, every DP rank
+                out[...] = ideal[:, None, None]
                 rows = np.flatnonzero(keep[order, 0])
-                out[rows] = transfer[rows]
+                picked = np.empty((len(rows), n_steps, len(cols)))
+                out[rows] = self._gather(m.transfer, order[rows], cols, span, picked)
             elif keep.shape == (1, m.dp_size):  # every op of a set of DP ranks
+                out[...] = ideal[:, None, None]
                 for j in np.flatnonzero(keep[0, cols]):
-                    out[:, :, j] = transfer[:, :, j]
+                    m.transfer[:, span, cols[j]].take(order, axis=0, out=out[:, :, j], mode="clip")
             else:
                 full = np.broadcast_to(keep, (m.template.n_ops, m.dp_size))[order][:, cols]
-                np.copyto(out, transfer, where=np.broadcast_to(full[:, None, :], shape))
+                self._gather(m.transfer, order, cols, span, out)
+                np.copyto(out, ideal[:, None, None], where=~full[:, None, :])
         if scenario.scale is not None:
             scale = np.broadcast_to(scenario.scale, (m.template.n_ops, m.dp_size))[order]
             out *= scale[:, None, cols]
         return out
 
     def delays(
-        self, scenario: Scenario, out: np.ndarray, columns: np.ndarray | None = None
+        self,
+        scenario: Scenario,
+        out: np.ndarray,
+        columns: np.ndarray | None = None,
+        steps: slice | None = None,
     ) -> np.ndarray:
         """Replayed launch delays ``(ops, steps, len(columns))`` of ``scenario`` in the
         program's start order (zero where ``delay_keep`` says so)."""
         m = self.model
         cols = np.arange(m.dp_size) if columns is None else columns
-        out[...] = self._delay if len(cols) == m.dp_size else self._delay[:, :, cols]
+        span = slice(None) if steps is None else steps
+        self._gather(m.launch_delay, self.program.start_order, cols, span, out)
         if scenario.delay_keep is not None:
             keep = np.broadcast_to(scenario.delay_keep, (m.template.n_ops, m.dp_size))
             out *= keep[self.program.start_order][:, None, cols]
@@ -186,23 +231,29 @@ class Replayer:
         done = 0
         for (width, with_delay), members in groups.items():
             size = self.batch_size(width)
+            chunk = self.steps_per_pass(width)
+            spans = [slice(a, min(a + chunk, n_steps)) for a in range(0, n_steps, chunk)]
             for first in range(0, len(members), size):
                 batch = members[first : first + size]
-                runs = np.empty((n_ops, len(batch), n_steps, width))
-                for j, i in enumerate(batch):
-                    self.weights(scenarios[i], out=runs[:, j], columns=columns[i])
-                delays = None
-                if with_delay and all(scenarios[i].delay_keep is None for i in batch):
-                    delays = np.broadcast_to(
-                        self._delay[:, None], (n_ops, len(batch), n_steps, width)
-                    ).reshape(n_ops, -1, width)
-                elif with_delay:
-                    masked = np.empty((n_ops, len(batch), n_steps, width))
+                for span in spans:
+                    k = span.stop - span.start
+                    shape = (n_ops, len(batch), k, width)
+                    runs = self._workspace.get("weights", shape)
+                    delays = self._workspace.get("delays", shape) if with_delay else None
                     for j, i in enumerate(batch):
-                        self.delays(scenarios[i], out=masked[:, j], columns=columns[i])
-                    delays = masked.reshape(n_ops, -1, width)
-                times, _ = run(self.program, runs.reshape(n_ops, -1, width), delays)
-                out[batch] = times.reshape(len(batch), n_steps)
+                        self.weights(scenarios[i], out=runs[:, j], columns=columns[i], steps=span)
+                        if delays is not None:
+                            self.delays(
+                                scenarios[i], out=delays[:, j], columns=columns[i], steps=span
+                            )
+                    times, _ = run(
+                        self.program,
+                        runs.reshape(n_ops, -1, width),
+                        None if delays is None else delays.reshape(n_ops, -1, width),
+                        workspace=self._workspace,
+                    )
+                    out[batch, span] = times.reshape(len(batch), k)
+                    del runs, delays
                 self.replays += len(batch)
                 done += len(batch)
                 if progress is not None:
@@ -211,7 +262,10 @@ class Replayer:
 
     def timeline(self, scenario: Scenario) -> tuple[np.ndarray, np.ndarray]:
         """Start and end ``(ops, steps, dp)`` of every op in ``scenario`` (step-relative)."""
-        delays = self._delay if scenario.launch_delay else None
+        delays = None
+        if scenario.launch_delay:
+            delays = np.empty(self.model.launch_delay.shape)
+            self.delays(Scenario("all delays"), out=delays)
         _, values = run(self.program, self.weights(scenario), delays, keep_values=True)
         assert values is not None
         return values[self.program.start_node], values[self.program.end_node]

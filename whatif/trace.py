@@ -173,7 +173,9 @@ class Trace:
     Attributes
     ----------
     ops
-        The canonical op table (columns :data:`COLUMNS`; ints as int64, times as float64 seconds).
+        The canonical op table (columns :data:`COLUMNS`; times as float64 seconds, integers as
+        int32 when they fit, else as they came: a 20-million-op trace holds about 50 bytes per
+        op, see :func:`narrow_ints`).
     meta
         The job's parallel layout.
     source
@@ -257,8 +259,8 @@ def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -
             continue
         dtype = frame[col].dtype
         if isinstance(dtype, np.dtype) and dtype.kind in "iu":
-            # NumPy integers hold no missing values; their width is kept (int8 ranks stay small).
-            columns[col] = frame[col].to_numpy()
+            # NumPy integers hold no missing values; 32 bits or less are kept as they are.
+            columns[col] = narrow_ints(frame[col].to_numpy())
             continue
         raw = _numeric(frame[col], np.float64)
         bad = ~np.isfinite(raw) | (raw != np.round(raw))
@@ -268,7 +270,7 @@ def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -
                 f"{_where_row(frame.reset_index(drop=True), bad)}",
                 where=where,
             )
-        columns[col] = raw.astype(np.int64)
+        columns[col] = narrow_ints(raw.astype(np.int64))
     columns["optype"] = _optype_column(frame["optype"], where)
     negative = columns["duration"] < 0
     if negative.any():
@@ -291,6 +293,26 @@ def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -
     return pd.DataFrame({c: columns[c] for c in COLUMNS}, copy=False)
 
 
+def narrow_ints(values: np.ndarray) -> np.ndarray:
+    """``values`` as int32 when they are wider integers that fit in it, else unchanged.
+
+    Integer columns of a trace are indices (ranks, steps, sequence ids): int32 halves the
+    memory of a large trace, and every reader of the table gets the same widths whether it
+    came from Parquet or from memory.
+    """
+    if values.dtype.kind not in "iu" or values.dtype.itemsize < 4 or values.dtype == np.int32:
+        return values
+    if len(values) == 0:
+        return values.astype(np.int32)
+    low, high = int(values.min()), int(values.max())
+    if _INT32.min <= low and high <= _INT32.max:
+        return values.astype(np.int32)
+    return values
+
+
+_INT32 = np.iinfo(np.int32)
+
+
 def _numeric(column: pd.Series, dtype: type) -> np.ndarray:
     """``column`` as a NumPy array of ``dtype``; values that are not numbers become NaN."""
     if pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_bool_dtype(column.dtype):
@@ -304,6 +326,10 @@ OPTYPE_DTYPE = pd.CategoricalDtype(list(optypes.ALL))
 
 def _optype_column(column: pd.Series, where: str) -> pd.Categorical:
     """``column`` as a categorical of known op types; unknown names are refused with counts."""
+    if column.dtype == OPTYPE_DTYPE:
+        known = np.asarray(column.cat.codes.to_numpy())
+        if len(known) == 0 or int(known.min()) >= 0:  # already the known types, none missing
+            return pd.Categorical.from_codes(known, dtype=OPTYPE_DTYPE)
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = column.cat.codes.to_numpy()
         uniques = np.array([str(c) for c in column.cat.categories], dtype=object)
@@ -351,6 +377,8 @@ def _derive_optional(columns: dict[str, Any]) -> None:
         columns["mb_id"] = np.where(is_compute, columns["seq_id"], -1).astype(np.int64)
     if "rank" not in columns:
         columns["rank"] = np.full(len(codes), -1, dtype=np.int64)
+    for col in missing:
+        columns[col] = narrow_ints(columns[col])
 
 
 def infer_meta(frame: pd.DataFrame, *, name: str = "") -> JobMeta:
@@ -415,10 +443,12 @@ def read_canonical(path: str | Path, meta: JobMeta | str | Path | None = None) -
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"trace file {str(path)!r} does not exist")
-    try:
-        frame = pd.read_parquet(path)
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"cannot read Parquet: {exc}", where=str(path)) from None
+    frame = _read_parquet_lean(path)
+    if frame is None:  # anything unusual: the general reader, whose checks name the rows
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"cannot read Parquet: {exc}", where=str(path)) from None
     notes: list[str] = []
     if isinstance(meta, JobMeta):
         job_meta = meta
@@ -434,6 +464,85 @@ def read_canonical(path: str | Path, meta: JobMeta | str | Path | None = None) -
             )
     ops = normalize_ops(frame, job_meta, where=str(path))
     return Trace(ops=ops, meta=job_meta, source=str(path), notes=notes)
+
+
+_READ_BATCH_ROWS = 1 << 18
+"""Rows converted at once by :func:`_read_parquet_lean` (its memory beyond the result; larger
+batches and Arrow's pre-buffering leave more freed memory in Arrow's allocator)."""
+
+
+def _read_parquet_lean(path: Path) -> pd.DataFrame | None:
+    """The canonical columns of a well-formed Parquet trace, read batch by batch into narrow
+    arrays (integers as int32 when they fit, op types as categorical codes).
+
+    Reading the whole file with pandas holds the Arrow table and its int64 copy at once (about
+    180 bytes per op); this holds the result and one batch. Returns ``None`` when the file is
+    anything but plain: a column missing, a missing value, a type that is not a number where
+    one is expected, an unknown op type, or a file Arrow cannot read. The general reader then
+    reads it and its validation names what is wrong.
+    """
+    import pyarrow as pa  # noqa: PLC0415  (pandas imports it for Parquet anyway)
+    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    try:
+        source = pq.ParquetFile(path, pre_buffer=False)
+        names = set(source.schema_arrow.names)
+        if not set(REQUIRED_COLUMNS) <= names:
+            return None
+        wanted = [c for c in COLUMNS if c in names]
+        n_rows = source.metadata.num_rows
+        if n_rows == 0:
+            return None
+        out: dict[str, np.ndarray] = {}
+        done = 0
+        known = {name: code for code, name in enumerate(optypes.ALL)}
+        for batch in source.iter_batches(
+            batch_size=_READ_BATCH_ROWS, columns=wanted, use_threads=False
+        ):
+            size = batch.num_rows
+            for col in wanted:
+                array = batch.column(col)
+                if array.null_count:
+                    return None
+                kind = array.type
+                if col == "optype":
+                    if not pa.types.is_dictionary(kind):
+                        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                            return None
+                        array = pc.dictionary_encode(array)
+                    lookup = np.array(
+                        [known.get(str(v), -1) for v in array.dictionary.to_pylist()] + [-1],
+                        dtype=np.int8,
+                    )
+                    values = lookup[array.indices.to_numpy(zero_copy_only=False)]
+                    if len(values) and int(values.min()) < 0:
+                        return None
+                elif col in ("start_ts", "duration"):
+                    if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
+                        return None
+                    values = array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+                else:
+                    if not pa.types.is_integer(kind):
+                        return None
+                    values = narrow_ints(array.to_numpy(zero_copy_only=False))
+                target = out.get(col)
+                if target is None:
+                    target = out[col] = np.empty(n_rows, dtype=values.dtype)
+                elif np.result_type(target.dtype, values.dtype) != target.dtype:
+                    target = out[col] = target.astype(np.result_type(target.dtype, values.dtype))
+                target[done : done + size] = values
+            done += size
+        if done != n_rows:
+            return None
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    finally:
+        # Arrow's allocator keeps the freed batches otherwise (as much again as the result).
+        pa.default_memory_pool().release_unused()
+    columns: dict[str, Any] = dict(out)
+    columns["optype"] = pd.Categorical.from_codes(out["optype"], dtype=OPTYPE_DTYPE)
+    return pd.DataFrame({c: columns[c] for c in wanted}, copy=False)
 
 
 def write_canonical(trace: Trace, path: str | Path) -> tuple[Path, Path]:

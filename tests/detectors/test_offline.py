@@ -10,7 +10,7 @@ import pytest
 
 from collectors.sim import Scenario, simulate_table
 from detectors.base import JobDetector
-from detectors.offline import DetectionRun, detect_file, detect_table
+from detectors.offline import DetectionRun, _first_rows, _present, detect_file, detect_table
 from detectors.window import JobWindow
 from minder.core.errors import TableError
 from minder.core.table import TableReader, read_table, validate_table, write_table
@@ -265,3 +265,14 @@ def test_an_empty_table_has_no_alerts(tmp_path: Path) -> None:
     run = detect_file(path)
     assert run.alerts == [] and run.jobs == {} and run.summary()["alerts"] == 0
     assert detect_table(read_table(path)).jobs == {}
+
+
+def test_dense_code_lookups_give_what_a_sort_gives() -> None:
+    # detect_table numbers machines and series through their category codes (a bitmap and a
+    # first-row lookup), not np.unique over every row: same codes, same first rows.
+    codes = np.random.default_rng(3).integers(0, 50, size=10_000)
+    codes[codes == 7] = 8  # a category no row uses
+    assert _present(codes, 60).tolist() == np.unique(codes).tolist()
+    unique, first = np.unique(codes, return_index=True)
+    assert _first_rows(codes, 60) == list(zip(unique.tolist(), first.tolist(), strict=True))
+    assert _first_rows(codes[:0], 60) == []

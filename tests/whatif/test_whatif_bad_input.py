@@ -134,3 +134,30 @@ def test_canonical_round_trip(tmp_path: Path, good: Trace) -> None:
     assert back.meta == good.meta
     pd.testing.assert_frame_equal(back.ops, good.ops)
     np.testing.assert_allclose(analyze(back).slowdown, analyze(good).slowdown)
+
+
+def test_integers_are_stored_narrow_and_read_back_alike(tmp_path: Path, good: Trace) -> None:
+    # Index columns are int32 whether the trace comes from memory or from Parquet; a value that
+    # does not fit keeps its 64 bits, and the analysis is the same either way.
+    assert {str(good.ops[c].dtype) for c in ("dp_rank", "stage", "step", "seq_id")} == {"int32"}
+    ops = good.ops.assign(step=good.ops["step"].astype(np.int64) + 2**40)
+    wide = make_trace(ops, good.meta)
+    assert wide.ops["step"].dtype == np.int64
+    back = load_trace(write_canonical(wide, tmp_path / "trace-wide.parquet")[0])
+    pd.testing.assert_frame_equal(back.ops, wide.ops)
+    assert analyze(back).slowdown == analyze(good).slowdown
+
+
+def test_parquet_that_is_not_plain_is_read_by_the_general_reader(
+    tmp_path: Path, good: Trace
+) -> None:
+    # Op types as plain strings, integers stored as floats: read as if they were plain.
+    plain = good.ops.assign(optype=good.ops["optype"].astype(str), seq_id=good.ops["seq_id"] * 1.0)
+    path = _write(tmp_path, plain, {"dp_size": 2, "pp_size": 2})
+    pd.testing.assert_frame_equal(load_trace(path).ops, good.ops)
+    # A missing value still gets the general reader's message naming the row.
+    holes = plain.astype({"seq_id": "float64"})
+    holes.loc[3, "seq_id"] = np.nan
+    path = _write(tmp_path, holes, {"dp_size": 2, "pp_size": 2})
+    with pytest.raises(TraceError, match=r"'seq_id' has 1 value\(s\) that are not integers.*row 3"):
+        load_trace(path)

@@ -180,3 +180,52 @@ def test_dp_ranks_all_ideal_replay_as_one_stand_in() -> None:
     assert len(replayer.columns(full)) == 6
     times = replayer.step_times([compressed, full])
     np.testing.assert_allclose(times[0], times[1], rtol=0, atol=1e-12)
+
+
+def _arrays(model: object) -> dict[str, np.ndarray]:
+    names = ("start", "duration", "transfer", "launch_delay", "ideal", "steps", "worker_rank")
+    return {name: np.asarray(getattr(model, name)) for name in names}
+
+
+def test_the_model_does_not_depend_on_row_order() -> None:
+    # The layout is a dense lookup of each row's cell, not a sort: shuffled rows give the same
+    # model to the bit.
+    trace = synthesize(SynthJob(dp=3, pp=3, microbatches=4, steps=4, seq_cv=0.2, seed=11))
+    shuffled = trace.ops.sample(frac=1.0, random_state=7).reset_index(drop=True)
+    a, b = build_model(trace), build_model(trace.with_ops(shuffled))
+    for name, value in _arrays(a).items():
+        np.testing.assert_array_equal(_arrays(b)[name], value, err_msg=name)
+    assert a.template.deps == b.template.deps
+    np.testing.assert_array_equal(a.template.mc, b.template.mc)
+
+
+def test_sparse_step_and_sequence_ids_are_numbered_by_sorting() -> None:
+    # Ids spread over a range far larger than the trace take the np.unique path; the model is
+    # the same up to the ids themselves.
+    trace = synthesize(SynthJob(dp=2, pp=2, microbatches=3, steps=3, seed=2))
+    sparse = trace.ops.assign(
+        step=trace.ops["step"].astype(np.int64) * 10**9 + 5,
+        seq_id=trace.ops["seq_id"].astype(np.int64) * 10**7,
+        mb_id=trace.ops["mb_id"].astype(np.int64) * 10**7,
+    )
+    a, b = build_model(trace), build_model(trace.with_ops(sparse))
+    assert b.steps.tolist() == [5, 10**9 + 5, 2 * 10**9 + 5]
+    assert b.template.seq_id.tolist() == (a.template.seq_id * 10**7).tolist()
+    for name in ("start", "duration", "transfer", "launch_delay", "ideal"):
+        np.testing.assert_array_equal(_arrays(b)[name], _arrays(a)[name], err_msg=name)
+
+
+def test_a_scenario_over_the_budget_replays_a_few_steps_per_pass() -> None:
+    trace = synthesize(SynthJob(dp=4, pp=2, microbatches=4, steps=6, seq_cv=0.3, seed=4))
+    model = build_model(trace)
+    scenarios = [
+        Scenario("actual", launch_delay=True),
+        Scenario("stage 1", keep=(model.template.stage == 1)[:, None]),
+        Scenario("worker 0,1", keep=np.eye(model.template.n_ops, 4, dtype=bool)),
+    ]
+    whole = Replayer(model).step_times(scenarios)
+    assert Replayer(model).steps_per_pass() == 6
+    for budget in (1, 3 * Replayer(model)._step_bytes()):
+        chunked = Replayer(model, memory_budget=budget)
+        assert chunked.steps_per_pass() == max(1, budget // chunked._step_bytes())
+        np.testing.assert_array_equal(chunked.step_times(scenarios), whole)
