@@ -4,7 +4,9 @@
 benchmark, the agent's collectors or torch: each command module is imported only when its command
 runs (or its own help is asked for). The root lists them from :data:`COMMANDS` without importing
 them. Command modules import :mod:`minder.cli.common` and what they use, never each other or this
-module, so there is no import cycle.
+module, so there is no import cycle. Typer converts option values with pydantic; the groups here
+process their ``--help`` and the root's ``--log-level`` without it, so that a command's
+``--help`` does not import pydantic either (tests/minder/cli/test_cli_imports.py checks all of it).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib
 from typing import Annotated, Any, NamedTuple
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from minder.logging_setup import configure_logging
 
@@ -92,12 +94,43 @@ COMMANDS: dict[str, LazyCommand] = {
 }
 
 
+class _PlainOption(TyperOption):
+    """An option whose value needs no conversion: text as given (checked by its command), or a
+    flag (``--help``: ``None`` when left out).
+
+    Typer builds a pydantic ``TypeAdapter`` to convert every option it processes, even a flag
+    left out whose value it then leaves ``None``; importing pydantic (about 0.1 s) for the root's
+    ``--log-level`` and each group's ``--help`` would make every command's ``--help`` pay for it.
+    """
+
+    def process_value(self, ctx: Any, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | bool):
+            # anything else (a click sentinel for a missing value, say): typer's own handling
+            return super().process_value(ctx, value)
+        if self.callback is not None:
+            value = self.callback(ctx, self, value)
+        return value
+
+
+class QuickGroup(TyperGroup):
+    """A typer group whose ``--help`` option is processed without a conversion (see
+    :class:`_PlainOption`)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if type(option) is TyperOption:
+            option.__class__ = _PlainOption  # the same flag, processed without pydantic
+        return option
+
+
 def load_command(name: str) -> TyperCommand | TyperGroup:
     """Import the module of command ``name`` and return its click command."""
     spec = COMMANDS[name]
     target = getattr(importlib.import_module(spec.module), spec.attribute)
     if isinstance(target, typer.Typer):
         command = typer.main.get_command(target)
+        if type(command) is TyperGroup:
+            command.__class__ = QuickGroup  # its --help without pydantic when a subcommand runs
     else:
         single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
         single.command(name=name)(target)
@@ -126,8 +159,14 @@ class _Deferred(TyperCommand):
         return load_command(self.name).make_context(info_name, args, parent=parent, **extra)
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(QuickGroup):
     """A typer group whose subcommands are imported on first use."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for param in self.params:
+            if param.name == "log_level" and type(param) is TyperOption:
+                param.__class__ = _PlainOption  # checked by the root callback
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *COMMANDS]

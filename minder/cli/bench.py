@@ -14,23 +14,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-import orjson
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from minder.benchmark.replay import DEFAULT_GRACE_S
-from minder.benchmark.report import markdown, render
-from minder.benchmark.runner import DEFAULT_MAX_MACHINES, BenchOptions, run_benchmark
 from minder.cli.common import OutputFormat, err, out
-from minder.core.errors import MinderError
+
+# The benchmark's defaults, written out so that ``--help`` need not import the benchmark (its
+# simulator, detectors, numpy and pandas); tests/minder/cli/test_cli_imports.py checks them
+# against minder.benchmark.replay.DEFAULT_GRACE_S and minder.benchmark.runner.DEFAULT_MAX_MACHINES.
+DEFAULT_GRACE_S = 2
+DEFAULT_MAX_MACHINES_FOR = "pairwise=512,lof=512,iforest=512"
 
 bench_app = typer.Typer(
     name="bench",
@@ -93,6 +86,15 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float, int], None] | Non
     if not enabled:
         yield None
         return
+    from rich.progress import (  # noqa: PLC0415
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -149,7 +151,7 @@ def detect_command(
             help="Largest job per slow method, METHOD=MACHINES,… ('none': no limit); bigger "
             "cases are skipped and reported."
         ),
-    ] = ",".join(f"{k}={v}" for k, v in DEFAULT_MAX_MACHINES.items()),
+    ] = DEFAULT_MAX_MACHINES_FOR,
     grace: Annotated[
         int, typer.Option(min=0, help="Seconds each second waits for late samples.")
     ] = DEFAULT_GRACE_S,
@@ -166,6 +168,12 @@ def detect_command(
 ) -> None:
     """Run detection methods over a labelled suite and report P/R/F1, latency, false alarms
     and CPU cost."""
+    import orjson  # noqa: PLC0415
+
+    from minder.benchmark.report import markdown, render  # noqa: PLC0415
+    from minder.benchmark.runner import BenchOptions, run_benchmark  # noqa: PLC0415
+    from minder.core.errors import MinderError  # noqa: PLC0415
+
     try:
         options = BenchOptions(
             suite=suite.value,

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
+
     from collectors.sim.scenario import Scenario
     from minder.config import Settings
     from minder.core.alert import Alert
@@ -191,6 +192,8 @@ def _read_password(path: Path, flag: str) -> str:
 
 def progress() -> Progress:
     """A transient progress display on stderr."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -220,6 +223,8 @@ def clock(ts: float) -> str:
 
 def alerts_table(alerts: list[Alert], title: str = "Alerts") -> Table:
     """A readable table of alerts."""
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(title=title, show_lines=False)
     for column in ("job", "machine", "kind", "metric", "devices", "score", "onset", "detected"):
         table.add_column(column, justify="right" if column == "score" else "left")

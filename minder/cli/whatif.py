@@ -14,7 +14,6 @@ import orjson
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from minder.core.errors import MinderError
 
@@ -61,6 +60,8 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]
     if not enabled:
         yield None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -121,7 +122,6 @@ def analyze_command(
 ) -> None:
     """Replay the trace, estimate the slowdown S, attribute it and give a root-cause verdict."""
     from whatif import analyze  # noqa: PLC0415
-    from whatif.render import render_html, render_table  # noqa: PLC0415
 
     try:
         loaded = _load(trace, meta)
@@ -134,8 +134,12 @@ def analyze_command(
             report.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
         ).decode()
     elif output_format is OutputFormat.html:
+        from whatif.render import render_html  # noqa: PLC0415
+
         text = render_html(report)
     else:
+        from whatif.render import render_table  # noqa: PLC0415
+
         if output is None:
             Console().print(render_table(report))
             return
