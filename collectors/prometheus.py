@@ -351,6 +351,8 @@ def _plan() -> tuple[_Query, ...]:
     family = 0
     # The Minder agent: its values are canonical already.
     for spec in METRICS.values():
+        if spec.derived:
+            continue  # computed by the service from the ranks' own series; no node exports it
         family += 1
         if spec.kind is MetricKind.COUNT:
             name = exported_count_name(spec.name)

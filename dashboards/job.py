@@ -28,7 +28,9 @@ TITLE = "Minder / Job drill-down"
 SCORE_THRESHOLD = 6.0
 """Default detection threshold (``detection.threshold`` of the service settings)."""
 
-AGENT_METRICS = [name for name, spec in METRICS.items() if spec.kind is not MetricKind.COUNT]
+AGENT_METRICS = [
+    name for name, spec in METRICS.items() if spec.kind is not MetricKind.COUNT and not spec.derived
+]
 """Canonical metrics the agents export as ``minder_node_<metric>`` gauges (levels and rates).
 
 The ``_count`` metrics are counters (``..._total``) that need ``rate()``; they are left out.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from detectors.config import DetectorConfig
 from detectors.window import JobWindow
 from minder.core.alert import Alert
+
+if TYPE_CHECKING:
+    from detectors.straggler import LateRank
 
 
 class JobDetector(Protocol):
@@ -64,6 +67,14 @@ class CompositeDetector:
             if value is not None:
                 return float(value)
         return None
+
+    def late_ranks(self, k: int) -> list[LateRank]:
+        """The job's ``k`` latest ranks, when a part measures lateness."""
+        for part in self.parts:
+            late_ranks = getattr(part, "late_ranks", None)
+            if late_ranks is not None:
+                return list(late_ranks(k))
+        return []
 
 
 def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:

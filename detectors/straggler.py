@@ -30,6 +30,12 @@ live slowdown, not as an alert. Everyone slow together is no straggler (``job-wi
 Each alert carries its cost: the job's live slowdown S (observed step time over the step time
 with that worker at the reference), the share of the job's slowdown that worker explains (a live
 M_W) and the GPU-hours it costs per hour.
+
+Where all ranks meet, the detector also derives each rank's *lateness* in a synchronous job
+(``train_lateness_seconds``): how long its peers waited for it per step, its peer group's median
+collective time less its own (from ``nccl_collective_seconds``; a rank without it: its busy time
+less the group's median). A node cannot: it sees only its own ranks. The alerts carry it, and
+:meth:`StragglerDetector.late_ranks` gives the latest ranks for export.
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ STEP = "train_step_seconds"
 BUSY = "train_busy_seconds"
 NUMBER = "train_step_number"
 COLLECTIVE = "nccl_collective_seconds"
+LATENESS = "train_lateness_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class LateRank:
+    """One rank's lateness at the last evaluation (``train_lateness_seconds``)."""
+
+    machine: str
+    device: str
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +165,10 @@ class StragglerDetector:
         self._number = np.full((0, 0), np.nan)
         self._latest = np.full((0, 0), np.nan)
         self._latest_step = np.full((0, 0), np.nan)
+        self._latest_coll = np.full((0, 0), np.nan)
+        self._lateness = np.full((0, 0), np.nan)
+        self._names: list[str] = []
+        self._devices: list[str] = []
         self._ring = np.full((0, 0, b), np.nan)
         self._ring_k = np.zeros((0, 0, b))
         self._ring_tick = np.zeros((0, 0, b), dtype=np.int64)
@@ -160,6 +180,8 @@ class StragglerDetector:
         self._alerted = np.zeros((0, 0), dtype=bool)
         self._steps_seen = 0.0
         self._k_median = 1.0
+        self._async_until = -math.inf
+        self._sync = True
         self._stage_base: dict[str, list[float]] = {}
         self._stage_run: dict[str, float] = {}
         self._stage_calm: dict[str, float] = {}
@@ -179,6 +201,25 @@ class StragglerDetector:
     def live_slowdown(self) -> float:
         """The job's live slowdown S (1 when balanced or not measured)."""
         return self.cost.slowdown
+
+    def late_ranks(self, k: int) -> list[LateRank]:
+        """The ``k`` latest ranks of the job at the last evaluation, latest first
+        (``train_lateness_seconds``; none in an asynchronous job, where nobody waits)."""
+        late = self._lateness
+        if k <= 0 or not late.size:
+            return []
+        flat = np.where(np.isfinite(late), late, -1.0).ravel()
+        k = min(k, int((flat >= 0).sum()))
+        if k == 0:
+            return []
+        top = np.argpartition(-flat, k - 1)[:k]
+        top = top[np.argsort(-flat[top], kind="stable")]
+        d = late.shape[1]
+        return [
+            LateRank(self._names[i // d], self._devices[i % d], float(flat[i]))
+            for i in top.tolist()
+            if i // d < len(self._names) and i % d < len(self._devices)
+        ]
 
     def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
         """Read the ranks' newest steps at the tick ending at or before ``now``; the alerts."""
@@ -230,6 +271,8 @@ class StragglerDetector:
         self._number = grown(self._number, np.nan)
         self._latest = grown(self._latest, np.nan)
         self._latest_step = grown(self._latest_step, np.nan)
+        self._latest_coll = grown(self._latest_coll, np.nan)
+        self._lateness = grown(self._lateness, np.nan)
         self._ring = grown(self._ring, np.nan, b)
         self._ring_k = grown(self._ring_k, 0.0, b)
         self._ring_tick = grown(self._ring_tick, 0, b)
@@ -269,7 +312,7 @@ class StragglerDetector:
         # Which signal: busy time where reported; in a synchronous job without it, the step
         # time less the collective time (the rank the others wait for waits least); else the
         # step time itself (asynchronous jobs).
-        sync = self._synchronous(step, new)
+        sync = self._synchronous(step, new, tick * window.tick_s, window.tick_s)
         use_busy = np.isfinite(busy) & (busy > 0)
         from_coll = sync & ~use_busy & np.isfinite(coll) & (step - coll > 0)
         x = np.where(use_busy, busy, np.where(from_coll, step - coll, step))
@@ -292,6 +335,7 @@ class StragglerDetector:
             return []
         self.stats.observations += int(new.sum())
         self._latest[:n_m, :n_d] = np.where(new, x, self._latest[:n_m, :n_d])
+        self._latest_coll[:n_m, :n_d] = np.where(new, coll, self._latest_coll[:n_m, :n_d])
         self._steps_seen += float(np.median(k[new]))
         self._k_median = 0.9 * self._k_median + 0.1 * float(np.median(k[new]))
 
@@ -301,7 +345,10 @@ class StragglerDetector:
         if int(counted.sum()) < cfg.min_ranks:
             return []
         groups = [window.machines[m].group for m in range(n_m)]
-        ref, stage_ratio = self._references(latest, counted, groups)
+        ref, stage_ratio, medians = self._references(latest, counted, groups)
+        self._names = [window.machines[m].name for m in range(n_m)]
+        self._devices = list(devices)
+        lateness = self._rank_lateness(latest, counted, ref, groups, sync)
         ratio = np.where(new, x / ref, np.nan)
 
         # Rings of per-step ratios, runs of transient slowness.
@@ -335,7 +382,7 @@ class StragglerDetector:
         self._job_cost(window, step, latest, counted, ref, sync, signal)
         rel = np.where(counted, latest / ref, 0.0)
         self._scores = {"straggler": (rel.max(axis=1).tolist(), rel.argmax(axis=1).tolist())}
-        alerts = self._stage_alerts(window, tick, stage_ratio, groups)
+        alerts = self._stage_alerts(window, tick, stage_ratio, medians, groups)
         stage_machines = {m for m, g in enumerate(groups) if g and g in self._stage_alerted}
         alerted = self._alerted[:n_m, :n_d]
         fire = flagged & ~alerted
@@ -353,7 +400,7 @@ class StragglerDetector:
                     m,
                     ranks,
                     devices,
-                    (latest, ref, mean_ratio, onset),
+                    (latest, ref, mean_ratio, onset, lateness),
                     bool(persistent[m, ranks].any()),
                     signal,
                     sync,
@@ -361,51 +408,111 @@ class StragglerDetector:
             )
         return alerts
 
-    def _synchronous(self, step: np.ndarray, new: np.ndarray) -> bool:
+    def _synchronous(self, step: np.ndarray, new: np.ndarray, now_s: int, tick_s: int) -> bool:
         """A synchronous job: the ranks that reported this tick are at the same step (within the
         steps one sample covers), or, without step numbers, their latest step times are equal
-        within ``sync_spread``."""
+        within ``sync_spread``.
+
+        One tick sees only the ranks that reported in it, and a worker that fell behind in an
+        asynchronous job reports once per (longer) step of its own: a job found asynchronous
+        stays so for three of its steps, so the ticks without that worker do not make it
+        synchronous again (and the job's cost is not taken for a synchronous one's). A tick in
+        which fewer than two ranks stepped keeps the last verdict."""
         n_m, n_d = step.shape
         self._latest_step[:n_m, :n_d] = np.where(new, step, self._latest_step[:n_m, :n_d])
         # The ranks that reported this tick: one that left long ago keeps an old number.
         numbers = self._number[:n_m, :n_d][new]
         numbers = numbers[np.isfinite(numbers)]
-        if numbers.size >= 2:
-            # Within a sample's worth of steps (ranks sampled at slightly different moments).
-            return bool(numbers.max() - numbers.min() <= max(2.0, 2.0 * self._k_median))
         times = self._latest_step[:n_m, :n_d]
         times = times[np.isfinite(times)]
-        if times.size < 2:
-            return True
-        return bool((times.max() - times.min()) <= self.config.sync_spread * np.median(times))
+        if numbers.size >= 2:
+            # Within a sample's worth of steps (ranks sampled at slightly different moments).
+            sync = bool(numbers.max() - numbers.min() <= max(2.0, 2.0 * self._k_median))
+            if not sync:
+                # The slowest rank's step, but no more than 10 typical ones: a rank that left
+                # after one very long step (a restore) must not hold the verdict for an hour.
+                typical = (
+                    min(float(np.max(times)), 10.0 * float(np.median(times)))
+                    if times.size
+                    else float(tick_s)
+                )
+                self._async_until = now_s + 3.0 * max(typical, float(tick_s)) + tick_s
+            self._sync = sync and now_s > self._async_until
+        elif np.isfinite(self._number[:n_m, :n_d]).any():
+            # The job reports step numbers, but fewer than two ranks stepped this tick: no news
+            # (step times right after a change differ between ranks that reported it and ranks
+            # that did not yet, in a synchronous job too).
+            self._sync = self._sync and now_s > self._async_until
+        elif times.size < 2:
+            self._sync = True
+        else:
+            spread = times.max() - times.min()
+            self._sync = bool(spread <= self.config.sync_spread * np.median(times))
+        return self._sync
 
     def _references(
         self, latest: np.ndarray, counted: np.ndarray, groups: list[str]
-    ) -> tuple[np.ndarray, dict[str, float]]:
+    ) -> tuple[np.ndarray, dict[str, float], dict[str, float]]:
         """Each rank's reference (its group's median where the group is big enough, else the
-        job's) and each group's median over the other groups' (its stage ratio)."""
-        cfg = self.config
-        values = np.where(counted, latest, np.nan)
+        job's), each group's median over the other groups' (its stage ratio), and the groups'
+        medians."""
+        ref, medians = self._group_median(np.where(counted, latest, np.nan), groups)
+        stage_ratio: dict[str, float] = {}
+        if len(medians) > 1:
+            for g, med in medians.items():
+                others = [v for h, v in medians.items() if h != g]
+                stage_ratio[g] = med / float(np.median(others))
+        return ref, stage_ratio, medians
+
+    def _group_median(
+        self, values: np.ndarray, groups: list[str]
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Per rank, the median of ``values`` (NaN: not counted) over its group where the group
+        has ``min_ranks`` values and the job has several groups, else over the job; and the
+        medians of those groups."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            job_ref = float(np.nanmedian(values))
-            ref = np.full(latest.shape, job_ref)
+            ref = np.full(values.shape, float(np.nanmedian(values)))
             medians: dict[str, float] = {}
             members: dict[str, list[int]] = {}
             for m, g in enumerate(groups):
                 members.setdefault(g, []).append(m)
             for g, ms in members.items():
                 part = values[ms]
-                if np.isfinite(part).sum() >= cfg.min_ranks:
+                if np.isfinite(part).sum() >= self.config.min_ranks:
                     medians[g] = float(np.nanmedian(part))
                     if len(members) > 1:
                         ref[ms] = medians[g]
-        stage_ratio: dict[str, float] = {}
-        if len(medians) > 1:
-            for g, med in medians.items():
-                others = [v for h, v in medians.items() if h != g]
-                stage_ratio[g] = med / float(np.median(others))
-        return ref, stage_ratio
+        return ref, medians
+
+    def _rank_lateness(
+        self,
+        latest: np.ndarray,
+        counted: np.ndarray,
+        ref: np.ndarray,
+        groups: list[str],
+        sync: bool,
+    ) -> np.ndarray:
+        """Each rank's lateness per step (``train_lateness_seconds``), NaN where unknown.
+
+        In a synchronous job the rank the others wait for waits least in the collective: its
+        peer group's median collective time less its own is how long the group's typical rank
+        waited for it. A rank without collective times: its signal (busy time) less its
+        reference, the same in a synchronous job. Never below 0 (an early rank is not late). In
+        an asynchronous job (the ranks' step numbers apart) nobody waits: NaN."""
+        n_m, n_d = latest.shape
+        out = np.full((n_m, n_d), np.nan)
+        if sync:
+            coll = np.where(counted, self._latest_coll[:n_m, :n_d], np.nan)
+            out = np.where(counted, latest - ref, np.nan)
+            if np.isfinite(coll).sum() >= self.config.min_ranks:
+                typical, _ = self._group_median(coll, groups)
+                out = np.where(np.isfinite(coll), typical - coll, out)
+            out = np.where(np.isfinite(out), np.maximum(out, 0.0), np.nan)
+        self._lateness[:n_m, :n_d] = out
+        self._lateness[n_m:, :] = np.nan
+        self._lateness[:, n_d:] = np.nan
+        return out
 
     def _persistent(self, n_m: int, n_d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Ranks slower by the excess over their last ``persistent_steps`` steps; their mean
@@ -485,7 +592,12 @@ class StragglerDetector:
         return "worker"
 
     def _stage_alerts(
-        self, window: JobWindow, tick: int, stage_ratio: dict[str, float], groups: list[str]
+        self,
+        window: JobWindow,
+        tick: int,
+        stage_ratio: dict[str, float],
+        medians: dict[str, float],
+        groups: list[str],
     ) -> list[Alert]:
         """A stage slower than the others by ``stage_excess`` beyond its normal share."""
         cfg = self.config
@@ -509,6 +621,7 @@ class StragglerDetector:
                 continue
             self._stage_alerted.add(g)
             machines = [window.machines[m].name for m, h in enumerate(groups) if h == g]
+            others = float(np.median([v for h, v in medians.items() if h != g]))
             out.append(
                 Alert(
                     job=window.job,
@@ -530,6 +643,11 @@ class StragglerDetector:
                         "group": g,
                         "stage_ratio": round(r, 4),
                         "normal_ratio": round(normal, 4),
+                        # How long the other stages wait for it per step (its median signal
+                        # over theirs); a stage's ranks are not late against one another.
+                        "lateness_s": round(max(0.0, medians[g] - others), 6)
+                        if self.cost.sync
+                        else None,
                         "members": machines[:64],
                         "slowdown": round(self.cost.slowdown, 4),
                         "job_slowdown": round(self.cost.slowdown, 4),
@@ -546,13 +664,13 @@ class StragglerDetector:
         m: int,
         ranks: np.ndarray,
         devices: list[str],
-        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         persistent: bool,
         signal: str,
         sync: bool,
     ) -> Alert:
         """One machine's straggling ranks, with what they cost the job."""
-        latest, ref, mean_ratio, onset = arrays
+        latest, ref, mean_ratio, onset, lateness = arrays
         info = window.machines[m]
         cost = self.cost
         worst = int(ranks[np.argmax(latest[m, ranks] / ref[m, ranks])])
@@ -579,6 +697,7 @@ class StragglerDetector:
         if start >= 2**62:
             start = tick * window.tick_s
         ratio = own / reference if reference > 0 else math.nan
+        late = float(lateness[m, worst])
         return Alert(
             job=window.job,
             machine=info.name,
@@ -597,6 +716,8 @@ class StragglerDetector:
                 "mean_ratio": round(float(mean_ratio[m, worst]), 4),
                 "busy_s": round(own, 6),
                 "reference_s": round(reference, 6),
+                # How long its peers waited for its worst rank per step (None: asynchronous).
+                "lateness_s": round(late, 6) if math.isfinite(late) else None,
                 "steps": self.config.persistent_steps
                 if persistent
                 else int(self._run[m, ranks].max()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -185,7 +186,8 @@ def render(result: BenchResult, console: Console) -> None:
 
 def straggler_lines(result: BenchResult) -> list[str]:
     """Per row with straggler faults: steps from onset to alert by type, and the error of the
-    alerts' live slowdown against the simulated S."""
+    alerts' live slowdown against the S the what-if replay measures on the simulated trace (and,
+    as cross-checks, against the simulator's closed-form S)."""
     out = []
     for row in result.rows:
         stats = row.summary.stragglers
@@ -195,15 +197,68 @@ def straggler_lines(result: BenchResult) -> list[str]:
             f"{kind} {v['median']:.0f} (max {v['max']:.0f})"
             for kind, v in stats["steps_to_alert"].items()
         )
-        err = stats["slowdown_error"]
-        error = (
-            f"live S error median {100 * err['median']:.1f} %, p95 {100 * err['p95']:.1f} %, "
-            f"{100 * err['within_5pct']:.0f} % within 5 % (n={err['n']})"
-            if err["n"]
-            else "no live S to compare"
-        )
-        out.append(f"{row.variant.label}: steps to alert (median): {steps}; {error}")
+
+        def error(err: dict[str, Any] | None, against: str) -> str:
+            if not err or not err["n"]:
+                return f"no live S to compare with {against}"
+            within = round(err["within_5pct"] * err["n"])
+            return (
+                f"live S error vs {against} median {100 * err['median']:.1f} %, p95 "
+                f"{100 * err['p95']:.1f} %, {within} of {err['n']} within 5 %"
+            )
+
+        parts = [
+            error(stats.get("slowdown_error"), "replayed S (sync)"),
+            error(stats.get("slowdown_error_async"), "closed-form S (async)"),
+            error(stats.get("slowdown_error_closed_form"), "closed-form S (all)"),
+        ]
+        agree = stats.get("replay_vs_closed_form") or {}
+        if agree.get("n"):
+            parts.append(
+                f"replayed vs closed-form S median {100 * agree['median']:.2f} %, max "
+                f"{100 * agree['max']:.1f} % (n={agree['n']})"
+            )
+        out.append(f"{row.variant.label}: steps to alert (median): {steps}; " + "; ".join(parts))
     return out
+
+
+def straggler_table(result: BenchResult) -> str:
+    """Markdown: per straggler case of the first row that has them, the live S at the first
+    straggler alert and the true S (replayed over the alert's steps and over the whole fault,
+    and closed-form)."""
+
+    def cell(value: Any, fmt: str = ".3f") -> str:
+        return "—" if value is None else format(value, fmt)
+
+    for row in result.rows:
+        cases = (row.summary.stragglers or {}).get("cases") or []
+        if not cases:
+            continue
+        return _md_table(
+            [
+                "case",
+                "fault",
+                "live S",
+                "replayed S",
+                "error",
+                "replayed S (fault)",
+                "closed-form S",
+            ],
+            [
+                (
+                    c["case"],
+                    c["fault"] + ("" if c["sync"] else " (async)"),
+                    cell(c["live"]),
+                    cell(c["replayed"]),
+                    "—" if c["error"] is None else f"{100 * c['error']:.1f} %",
+                    cell(c["replayed_fault"]),
+                    cell(c["closed_form"]),
+                )
+                for c in cases
+            ],
+            left=(0, 1),
+        )
+    return ""
 
 
 def _md_table(
@@ -265,4 +320,7 @@ def markdown(result: BenchResult) -> str:
     ]
     if notes:
         parts += ["", "Notes:", "", notes]
+    table = straggler_table(result)
+    if table:
+        parts += ["", "Live S at the first straggler alert against the true S:", "", table]
     return "\n".join(parts) + "\n"

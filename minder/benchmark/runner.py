@@ -24,9 +24,16 @@ from collectors.sim import scenario_labels, simulate_table
 from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
 from detectors.methods import ABLATIONS, BASELINE_METHODS, ENGINE_METHODS, METHODS, method_factory
-from minder.benchmark.evaluate import SLACK_S, CaseRun, Summary, summarize
+from minder.benchmark.evaluate import (
+    SLACK_S,
+    STRAGGLER_FAULTS,
+    CaseRun,
+    Summary,
+    summarize,
+)
 from minder.benchmark.replay import DEFAULT_GRACE_S, replay, simulate
 from minder.benchmark.suite import SUITES, BenchCase, build_suite, build_training_suite
+from minder.benchmark.truth import slowdown_replay
 from minder.core.errors import MinderError
 from minder.core.table import normalize_table
 
@@ -497,6 +504,9 @@ def run_benchmark(
                             job_seconds=float(result.job_seconds),
                             machine_seconds=result.machine_seconds,
                             step_s=float(case.scenario.jobs[0].step_time_s),
+                            replay=slowdown_replay(case.scenario)
+                            if case.fault in STRAGGLER_FAULTS
+                            else None,
                         )
                     )
                 done += 1

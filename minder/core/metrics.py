@@ -54,6 +54,9 @@ class MetricSpec:
         The device family whose devices report it.
     lower, upper
         Physically possible range; values outside it are refused.
+    derived
+        Computed by the detection service where all ranks meet, never collected by a node: a
+        source (the Prometheus reader) does not look for it.
     """
 
     name: str
@@ -63,6 +66,7 @@ class MetricSpec:
     description: str
     lower: float = 0.0
     upper: float = FLOAT32_MAX
+    derived: bool = False
 
 
 def _m(
@@ -132,6 +136,17 @@ _SPECS: tuple[MetricSpec, ...] = (
         "mean busy time per step (outside blocking collectives) over the interval's steps",
     ),
     _m("train_step_number", "1", G, RANK, "index of the last training step the rank completed"),
+    MetricSpec(
+        "train_lateness_seconds",
+        "seconds",
+        G,
+        RANK,
+        "how long the rank's peers waited for it per step: its peer group's median collective "
+        "time less its own (nccl_collective_seconds; without it, its busy time over the group's "
+        "median), 0 when not late; derived by the detection service's straggler detector where "
+        "all ranks meet, in synchronous jobs only (a node sees only its own ranks)",
+        derived=True,
+    ),
 )
 
 METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -21,6 +21,7 @@ from collectors.sim import (
 )
 from collectors.sim.engine import CHUNK_S
 from collectors.sim.kinds import DEFAULT_FACTOR, DEFAULT_TRANSIENT_STEPS, STRAGGLER_FAULTS
+from collectors.sim.optrace import OP_COLUMNS, op_table
 from collectors.sim.scenario import STRAGGLER_METRICS
 from minder.core.errors import ScenarioError
 from minder.core.table import batches_to_table
@@ -495,48 +496,85 @@ def test_emitting_the_new_metrics_changes_no_other_value() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "slow_dp"),
+    ("fault", "stages"),
     [
-        (slow_worker(), [5 * 4 + r for r in range(4)]),
-        (slow_worker(factor=1.1, device="rank2"), [5 * 4 + 2]),
-        (
-            {"type": "slow_group", "machines": [1, 9], "factor": 1.25, "start_s": ONSET},
-            [1 * 4 + r for r in range(4)] + [9 * 4 + r for r in range(4)],
-        ),
+        (slow_worker(), 1),
+        (slow_worker(factor=1.1, device="rank2"), 1),
+        ({"type": "slow_group", "machines": [1, 9], "factor": 1.25, "start_s": ONSET}, 1),
+        ({"type": "slow_stage", "stage": "pp2", "factor": 1.2, "start_s": ONSET}, 4),
     ],
+    ids=["worker", "one-rank", "group", "stage"],
 )
 def test_the_labelled_slowdown_is_what_the_whatif_replay_measures(
-    fault: dict[str, Any], slow_dp: list[int]
+    fault: dict[str, Any], stages: int
 ) -> None:
     """The simulator's true S of a synchronous straggler is what the offline what-if analysis
-    measures on a trace of the same job (every rank a DP worker with the job's compute and
-    communication, the straggler's compute times its factor): the live estimate, scored against
-    this S by the benchmark, and the offline analysis check each other."""
+    measures on the simulator's own op trace of the job while the straggler is slow: the live
+    estimate, scored against this S by the benchmark, and the offline analysis check each
+    other."""
     from whatif.analysis import analyze
-    from whatif.synth import SynthJob, synthesize
+    from whatif.trace import JobMeta, make_trace
 
-    scenario = build([fault], pp_stages=1)
+    scenario = build([fault], pp_stages=stages)
     labels = scenario_labels(scenario)
     assert labels["slowdown"].nunique() == 1  # one S per fault, on each of its machines' rows
-    label = labels.iloc[0]
-    ranks = 16 * 4
-    compute, comm = STEP_S * (1 - COMM), STEP_S * COMM
-    job = SynthJob(
-        dp=ranks,
-        pp=1,
-        microbatches=1,
-        steps=3,
-        forward=compute / 3,
-        backward=2 * compute / 3,
-        grads_reduce_scatter=comm,
-        params_all_gather=0.0,
-        clip=0.0,
-        optimizer=0.0,
-        noise=0.0,
-        slow_workers={(0, d): float(fault["factor"]) for d in slow_dp},
-        with_layernorm=False,
-        with_embedding=False,
-        with_gc=False,
+    frame = op_table(scenario, start_s=ONSET, max_steps=40)
+    trace = make_trace(frame, JobMeta(dp_size=16 * 4, pp_size=1))
+    replayed = analyze(trace).slowdown
+    assert labels["slowdown"].iloc[0] == pytest.approx(replayed, rel=0.01)
+
+
+# --- the op trace of a simulated job ----------------------------------------------------------
+
+
+def test_the_op_trace_is_the_steps_the_job_ran() -> None:
+    scenario = build([slow_worker(device=["rank1"])])
+    frame = op_table(scenario, start_s=ONSET + 10, end_s=ONSET + 70)
+    assert list(frame.columns) == list(OP_COLUMNS)
+    steps = frame["step"].unique()
+    # The steps wholly inside the 60 s (a part-step at either end is left out).
+    assert len(steps) == pytest.approx(60 / (STEP_S * ((1 - COMM) * 1.3 + COMM)) - 1, abs=1)
+    per_rank = frame.pivot_table(
+        index=["step", "rank"], columns="optype", values="duration", observed=True
     )
-    replayed = analyze(synthesize(job)).slowdown
-    assert label["slowdown"] == pytest.approx(replayed, rel=0.01)
+    busy = (per_rank["forward-compute"] + per_rank["backward-compute"]).unstack("rank")
+    coll = per_rank["grads-reduce-scatter"].unstack("rank")
+    slow = 5 * 4 + 1  # j-n0005, rank1
+    others = busy.drop(columns=slow)
+    np.testing.assert_allclose(busy[slow], 1.3 * others.median(axis=1), rtol=1e-9)
+    assert (others.max(axis=1) - others.min(axis=1)).max() < 1e-9, "everyone else alike"
+    # Everyone ends the step together: the straggler waits least in the collective.
+    ends = frame.assign(end=frame["start_ts"] + frame["duration"])
+    last = ends[ends["optype"] == "grads-reduce-scatter"].groupby("step")["end"]
+    assert (last.max() - last.min()).max() < 1e-9
+    assert (coll[slow] < coll.drop(columns=slow).min(axis=1)).all()
+    assert frame["start_ts"].min() >= ONSET + 10
+    assert (ends["end"] <= ONSET + 70 + 1e-9).all()
+
+
+def test_the_op_trace_keeps_the_last_or_evenly_spaced_steps() -> None:
+    scenario = build([slow_worker()])
+    every = op_table(scenario, start_s=ONSET)["step"].unique()
+    last = op_table(scenario, start_s=ONSET, last_steps=10)["step"].unique()
+    assert last.tolist() == every[-10:].tolist()
+    thinned = op_table(scenario, start_s=ONSET, max_steps=7)["step"].unique()
+    assert len(thinned) == 7 and thinned[0] == every[0] and thinned[-1] == every[-1]
+    assert op_table(scenario, start_s=DURATION - 0.5).empty
+
+
+@pytest.mark.parametrize(
+    ("job", "kw", "expected"),
+    [
+        ({"sync": False}, {}, r"job 'j' is asynchronous: expected a synchronous job"),
+        ({}, {"job": 1}, r"job 1: expected an index in 0\.\.0"),
+        ({}, {"start_s": 50.0, "end_s": 50.0}, r"span \[50\.0, 50\.0\): expected start_s < end_s"),
+        ({}, {"last_steps": 0}, r"last_steps is 0: expected at least 1"),
+        ({}, {"max_steps": -2}, r"max_steps is -2: expected at least 1"),
+    ],
+)
+def test_bad_op_trace_requests_are_named_in_one_line(
+    job: dict[str, Any], kw: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ScenarioError, match=expected) as info:
+        op_table(build([slow_worker()], **job), **kw)
+    assert "\n" not in str(info.value)

@@ -32,15 +32,17 @@ def run_job(
     stages: int = 1,
     seed: int = 0,
     edit: Callable[[int, int, int, dict[str, float]], None] | None = None,
+    detector: StragglerDetector | None = None,
+    skew_s: float = 0.0,
 ) -> tuple[list[Alert], StragglerDetector, float]:
     """Steps of a job; each rank's step reported at the second it ends (the probe's mean of the
-    steps that ended in that second). Returns the alerts, the detector and the job's true
-    slowdown at its last step."""
+    steps that ended in that second), machine ``m`` ``(m % 8) * skew_s`` seconds late. Returns the
+    alerts, the detector and the job's true slowdown at its last step."""
     rng = np.random.default_rng(seed)
     base = step_s * 0.7  # balanced busy time; the rest is communication
     comm = step_s - base
     window = JobWindow("j", horizon_s=64, tick_s=1)
-    detector = StragglerDetector()
+    detector = detector or StragglerDetector()
     alerts: list[Alert] = []
     clock = np.zeros((machines, RANKS))  # async: each rank's own time
     t_sync = 0.0
@@ -71,7 +73,7 @@ def run_job(
                     sample["nccl_collective_seconds"] = took - work[m, r]
                 if edit is not None:
                     edit(m, r, s, sample)
-                sec = START + math.floor(ends[m, r])
+                sec = START + math.floor(ends[m, r] + (m % 8) * skew_s)
                 pending.setdefault(sec, []).append((m, r, sample))
         horizon = START + math.floor(ends.min())
         for sec in sorted(k for k in pending if k < horizon):
@@ -180,6 +182,56 @@ def test_an_asynchronous_job_without_busy_time_uses_step_times() -> None:
     assert alerts[0].evidence["sync"] is False
 
 
+class Recording(StragglerDetector):
+    """Notes, after each evaluation, whether the job was taken for a synchronous one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[bool] = []
+
+    def evaluate(self, window: JobWindow, now: int) -> list[Alert]:
+        out = super().evaluate(window, now)
+        self.syncs.append(self.cost.sync)
+        return out
+
+
+def test_an_asynchronous_job_stays_asynchronous_in_ticks_its_slow_worker_misses() -> None:
+    """The slow worker reports once per longer step of its own: the ticks it misses see only
+    ranks at the same step, which must not make the job synchronous (nor its cost)."""
+    detector = Recording()
+    alerts, _, _ = run_job(
+        steps=200,
+        sync=False,
+        detector=detector,
+        factor=lambda m, r, s: 1.5 if m == 9 else 1.0,
+    )
+    assert named(alerts) == ["m09"]
+    own = (1.4 * 1.5 + 0.6) / 2.0  # the slow ranks' step over the others'
+    throughput_s = 1 / (1 - (4 / 64) * (1 - 1 / own))
+    assert alerts[0].evidence["sync"] is False
+    assert alerts[0].evidence["job_slowdown"] == pytest.approx(throughput_s, rel=0.01)
+    later = detector.syncs[len(detector.syncs) // 2 :]  # m09 several steps behind by then
+    assert not any(later)
+
+
+def test_a_synchronous_job_with_long_steps_stays_synchronous_while_it_slows_down() -> None:
+    """Steps of 7 s reported over several seconds: most ticks see one rank step or none, and
+    right after a slowdown the ranks' latest step times differ (some reported the slower step,
+    some not yet); neither makes the job asynchronous, nor its live S the asynchronous one."""
+    detector = Recording()
+    alerts, _, true_s = run_job(
+        steps=150,
+        step_s=7.0,
+        stages=4,
+        skew_s=0.9,
+        detector=detector,
+        factor=lambda m, r, s: (1.3 if s >= 40 else 1.0) if 8 <= m < 12 else 1.0,
+    )
+    assert [(a.machine, a.evidence["verdict"]) for a in alerts] == [("pp2", "stage")]
+    assert all(detector.syncs)
+    assert alerts[0].evidence["job_slowdown"] == pytest.approx(true_s, rel=0.03)
+
+
 def test_without_busy_time_the_late_rank_is_the_one_others_wait_for() -> None:
     alerts, _, _ = run_job(
         steps=200, busy=False, factor=lambda m, r, s: 1.15 if (m == 2 and r == 1) else 1.0
@@ -198,3 +250,53 @@ def test_bad_step_times_are_skipped_and_counted_never_alerted() -> None:
     alerts, detector, _ = run_job(steps=200, edit=edit)
     assert alerts == []
     assert detector.stats.skipped >= 200 // 7
+
+
+# --- lateness: how long the others wait for a rank (train_lateness_seconds) ---------------------
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["with-busy", "collective-only"])
+def test_the_rank_late_at_every_collective_is_the_latest_and_the_one_named(busy: bool) -> None:
+    late = (2, 1)
+    alerts, detector, _ = run_job(
+        steps=200, busy=busy, factor=lambda m, r, s: 1.15 if (m, r) == late else 1.0
+    )
+    ranks = detector.late_ranks(5)
+    assert [(x.machine, x.device) for x in ranks][:1] == [("m02", "rank1")]
+    # Its compute is 15 % longer: the others wait that long for it each step.
+    assert ranks[0].seconds == pytest.approx(0.15 * 1.4, rel=0.1)
+    assert all(x.seconds < 0.2 * ranks[0].seconds for x in ranks[1:])
+    assert named(alerts) == ["m02"]
+    assert alerts[0].evidence["lateness_s"] == pytest.approx(0.15 * 1.4, rel=0.1)
+
+
+def test_in_a_balanced_job_nobody_is_late() -> None:
+    _, detector, _ = run_job(steps=150)
+    ranks = detector.late_ranks(64)
+    assert len(ranks) == 64
+    # The ranks' jitter (0.5 % of the 1.4 s busy time, 64 ranks): under 1.5 % of a step.
+    assert max(x.seconds for x in ranks) < 0.015 * 2.0
+
+
+def test_a_slow_stage_is_late_for_the_other_stages_not_for_itself() -> None:
+    alerts, detector, _ = run_job(
+        steps=300,
+        stages=4,
+        factor=lambda m, r, s: (1.2 if s >= 100 else 1.0) if 4 <= m < 8 else 1.0,
+    )
+    assert [a.machine for a in alerts] == ["pp1"]
+    assert alerts[0].evidence["lateness_s"] == pytest.approx(0.2 * 1.4, rel=0.1)
+    assert max(x.seconds for x in detector.late_ranks(8)) < 0.015 * 2.0
+
+
+def test_in_an_asynchronous_job_nobody_waits() -> None:
+    alerts, detector, _ = run_job(
+        steps=200, sync=False, factor=lambda m, r, s: 1.3 if m == 9 else 1.0
+    )
+    assert named(alerts) == ["m09"]
+    assert detector.late_ranks(10) == []
+    assert alerts[0].evidence["lateness_s"] is None
+
+
+def test_no_lateness_before_any_step() -> None:
+    assert StragglerDetector().late_ranks(10) == []

@@ -225,18 +225,26 @@ def test_straggler_figures_steps_and_live_slowdown_error() -> None:
             124.0,
             kind=AlertKind.STRAGGLER,
             metric="train_busy_seconds",
-            evidence={"verdict": "worker", "job_slowdown": 1.26},
+            evidence={"verdict": "worker", "job_slowdown": 1.26, "steps": 50},
         ),
         alert(
             "pp1",
             160.0,
             kind=AlertKind.STRAGGLER,
             metric="train_busy_seconds",
-            evidence={"verdict": "stage", "job_slowdown": 1.1},
+            evidence={"verdict": "stage", "job_slowdown": 1.1, "steps": 27},
         ),
     ]
+    asked: list[tuple[float, float, int | None]] = []
+    replayed = {(T0 + 100, T0 + 124, 50): 1.25, (T0 + 100, T0 + 160, 27): 1.0}
+
+    def replay(start: float, end: float, last: int | None) -> float | None:
+        asked.append((start, end, last))
+        return replayed.get((start, end, last), 1.15)  # 1.15: over the whole fault
+
     case = run("c", "slow_worker", truth, found)
     case.step_s = 2.0
+    case.replay = replay
     summary = summarize([case])
     assert summary.overall.recall == 1.0 and summary.overall.precision == 1.0
     stats = summary.stragglers
@@ -244,6 +252,39 @@ def test_straggler_figures_steps_and_live_slowdown_error() -> None:
     # step: 10 steps; the stage: 60 s / (2 x 1.1)
     assert stats["steps_to_alert"]["slow_worker"]["median"] == pytest.approx(10.0)
     assert stats["steps_to_alert"]["slow_stage"]["median"] == pytest.approx(60 / 2.2)
-    err = stats["slowdown_error"]
+    # Replayed over the steps each alert judged (from the onset to the alert), and over the
+    # whole fault.
+    assert sorted(asked) == sorted(
+        [*replayed, (T0 + 100, T0 + 600, None), (T0 + 100, T0 + 600, None)]
+    )
+    err = stats["slowdown_error"]  # against the replayed S: 1.26 vs 1.25, 1.1 vs 1.0
     assert err["n"] == 2 and err["within_5pct"] == 0.5
-    assert err["median"] == pytest.approx((0.05 + 0.0) / 2)
+    assert err["median"] == pytest.approx((0.01 / 1.25 + 0.1) / 2)
+    closed = stats["slowdown_error_closed_form"]  # against the labels' S: 5 % and 0 %
+    assert closed["n"] == 2 and closed["median"] == pytest.approx((0.05 + 0.0) / 2)
+    assert stats["slowdown_error_async"]["n"] == 0
+    assert stats["replay_vs_closed_form"]["max"] == pytest.approx(0.1 / 1.1)
+    by_case = {c["fault"]: c for c in stats["cases"]}
+    assert by_case["slow_worker"]["replayed_fault"] == 1.15
+    assert by_case["slow_stage"]["replayed"] == 1.0
+
+
+def test_asynchronous_stragglers_are_scored_against_the_closed_form() -> None:
+    truth = labels(("m1", 100, 600, "slow_worker", "", 0))
+    truth["slowdown"] = [1.1]
+    found = [
+        alert(
+            "m1",
+            150.0,
+            kind=AlertKind.STRAGGLER,
+            metric="train_step_seconds",
+            evidence={"verdict": "worker", "job_slowdown": 1.12, "sync": False, "ratio": 1.3},
+        )
+    ]
+    case = run("c", "slow_worker", truth, found)
+    case.replay = lambda start, end, last: None  # the replay has no shared step to replay
+    stats = summarize([case]).stragglers
+    assert stats["slowdown_error"]["n"] == 0
+    assert stats["slowdown_error_async"]["n"] == 1
+    assert stats["slowdown_error_async"]["median"] == pytest.approx(0.02 / 1.1)
+    assert stats["cases"][0]["sync"] is False
