@@ -191,6 +191,8 @@ class JobWindow:
         # Column indices of each node's sample list, keyed by the tuple of names it sends: a node
         # sends the same names every second, so the per-sample dictionary work happens once.
         self._layout_cache: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
+        # The same for packed batches, keyed by their layout's id (no tuple to build and hash).
+        self._packed_cache: dict[int, np.ndarray] = {}
         self._series_added: dict[int, int] = {}
         self._columns_cache: dict[str, tuple[np.ndarray, list[str]]] = {}
         self._columns_cache_size = 0
@@ -296,7 +298,19 @@ class JobWindow:
         return slot
 
     def add_batch(self, batch: NodeBatch) -> None:
-        """Place one node batch (samples and events) in the window.
+        """Place one node batch (samples and events) in the window: :meth:`add_batches`."""
+        self.add_batches((batch,))
+
+    def add_batches(self, batches: Iterable[NodeBatch]) -> None:
+        """Place node batches of this job (samples and events) in the window.
+
+        Events, labels, membership and limits are handled batch by batch; the samples are
+        gathered per second and placed with one :meth:`add_arrays` per second, in the order the
+        seconds first appear. A batch with a goodbye (a ``leave`` event) or without
+        samples first places what was gathered before it, so membership follows the batches'
+        order. A packed batch (schema 2) maps its layout to the window's series once per layout
+        (cached by the layout's id), a batch of named samples (schema 1) once per distinct
+        sequence of names.
 
         Within :attr:`limits`: a batch of a machine beyond ``max_machines`` or with a name too
         long is refused whole, new series beyond the series bounds and events too far from the
@@ -304,51 +318,102 @@ class JobWindow:
         """
         lim = self.limits
         stats = self.stats
-        if len(batch.node) > lim.max_name_length:
-            stats.reject("name_too_long")
-            return
-        if batch.node not in self.machine_index and self.n_machines >= lim.max_machines:
-            stats.reject("too_many_machines")
-            return
-        sec = math.floor(batch.ts)
-        m = self.machine_id(
-            batch.node, batch.group[: lim.max_name_length], batch.domain[: lim.max_name_length]
-        )
-        leaving = [e for e in batch.events if e.kind is EventKind.LEAVE]
+        # second -> the machines, series indices and values gathered for it
+        groups: dict[int, _Group] = {}
+        for batch in batches:
+            if len(batch.node) > lim.max_name_length:
+                stats.reject("name_too_long")
+                continue
+            if batch.node not in self.machine_index and self.n_machines >= lim.max_machines:
+                stats.reject("too_many_machines")
+                continue
+            sec = math.floor(batch.ts)
+            m = self.machine_id(
+                batch.node, batch.group[: lim.max_name_length], batch.domain[: lim.max_name_length]
+            )
+            leaving = False
+            if batch.events:
+                leaving = self._add_events(m, batch)
+            placed = self._gather(m, sec, batch, groups)
+            if not placed or leaving:
+                self._place_groups(groups)
+                if not placed and (not batch.events or not _only_leave(batch)):
+                    self._mark_machine(m, sec)
+            if leaving:
+                reason = next(
+                    e.message for e in reversed(batch.events) if e.kind is EventKind.LEAVE
+                )
+                # Dated by its batch: a goodbye's own clock could keep the machine out for good.
+                self.depart([m], "left", batch.ts, (reason or "goodbye")[:160])
+        self._place_groups(groups)
+
+    def _add_events(self, m: int, batch: NodeBatch) -> bool:
+        """Queue a batch's events (within the limits); True when it says goodbye."""
+        lim = self.limits
+        stats = self.stats
+        leaving = False
         for event in batch.events:
             if event.kind is EventKind.LEAVE:
+                leaving = True
                 continue
-            if (
-                abs(event.ts - batch.ts) > lim.event_skew_s
-                or len(event.device) > lim.max_name_length
-            ):
-                stats.reject(
-                    "event_time" if abs(event.ts - batch.ts) > lim.event_skew_s else "name_too_long"
-                )
+            skew = abs(event.ts - batch.ts) > lim.event_skew_s
+            if skew or len(event.device) > lim.max_name_length:
+                stats.reject("event_time" if skew else "name_too_long")
                 continue
             if len(self.events) >= lim.max_pending_events:
                 stats.reject("too_many_events")
                 continue
             self.events.append(PendingEvent(m, event))
             stats.events += 1
-        if batch.samples:
+        return leaving
+
+    def _gather(self, m: int, sec: int, batch: NodeBatch, groups: dict[int, _Group]) -> bool:
+        """Add a batch's samples to its second's group; False when it has none."""
+        layout = batch.layout
+        if layout is not None and batch.values is not None:
+            cols = self._packed_cache.get(layout.id)
+            if cols is None:
+                cols = self._columns_for(m, tuple(zip(layout.metrics, layout.devices, strict=True)))
+                if len(self._packed_cache) < _MAX_CACHED_LAYOUTS and (cols >= 0).all():
+                    self._packed_cache[layout.id] = cols
+            values: np.ndarray = batch.values
+        elif batch.samples:
             layout_key = tuple((name, dev) for name, dev, _ in batch.samples)
             cols = self._layout_cache.get(layout_key)
             if cols is None:
                 cols = self._columns_for(m, layout_key)
-                if len(self._layout_cache) < 4096 and (cols >= 0).all():
+                if len(self._layout_cache) < _MAX_CACHED_NAMED and (cols >= 0).all():
                     self._layout_cache[layout_key] = cols
             values = np.fromiter((s[2] for s in batch.samples), dtype=np.float32, count=len(cols))
+        else:
+            return False
+        group = groups.get(sec)
+        if group is None:
+            groups[sec] = group = _Group(sec)
+        group.machines.append(m)
+        group.cols.append(cols)
+        group.values.append(values)
+        return True
+
+    def _place_groups(self, groups: dict[int, _Group]) -> None:
+        """One :meth:`add_arrays` per gathered second, then forget them."""
+        for group in groups.values():
+            if len(group.machines) == 1:
+                cols, values = group.cols[0], group.values[0]
+                machines = np.full(len(cols), group.machines[0], dtype=np.int64)
+            else:
+                cols = np.concatenate(group.cols)
+                values = np.concatenate(group.values)
+                machines = np.repeat(
+                    np.asarray(group.machines, dtype=np.int64), [len(c) for c in group.cols]
+                )
             keep = cols >= 0
-            if not keep.all():
-                cols, values = cols[keep], values[keep]
-            self.add_arrays(sec, np.full(len(cols), m), cols, values)
-        elif len(leaving) < len(batch.events) or not batch.events:
-            self._mark_machine(m, sec)
-        if leaving:
-            reason = (leaving[-1].message or "goodbye")[:160]
-            # Dated by its batch: a goodbye's own clock could keep the machine out for good.
-            self.depart([m], "left", batch.ts, reason)
+            reporting = np.asarray(group.machines, dtype=np.int64)
+            if not keep.all():  # refused series (counted when mapped): place the others
+                machines, cols, values = machines[keep], cols[keep], values[keep]
+                reporting = np.unique(machines)
+            self.add_arrays(group.sec, machines, cols, values, reporting=reporting)
+        groups.clear()
 
     def _columns_for(self, m: int, layout: tuple[tuple[str, str], ...]) -> np.ndarray:
         """Series indices of a batch's layout; -1 for a series refused (a name too long, or
@@ -378,36 +443,51 @@ class JobWindow:
         self._machine_last_seen[m] = max(self._machine_last_seen[m], sec)
 
     def add_arrays(
-        self, sec: int, machines: np.ndarray, cols: np.ndarray, values: np.ndarray
+        self,
+        sec: int,
+        machines: np.ndarray,
+        cols: np.ndarray,
+        values: np.ndarray,
+        *,
+        reporting: np.ndarray | None = None,
     ) -> int:
-        """Place samples of one second given as parallel index arrays; returns how many fit."""
+        """Place samples of one second given as parallel index arrays; returns how many fit.
+
+        ``reporting``: the machines of the call, each once or more (default ``machines``, one
+        entry per sample): their membership is updated from it, far fewer entries for a poll.
+        """
         self.stats.samples += len(values)
         newer = self.newest_sec == NEVER or sec > self.newest_sec
         slot = self._slot(sec)
         if slot is None:
             self.stats.too_old += len(values)
             return 0
-        self._values[slot, machines, cols] = values
+        # One flat index into the (machine, series) planes, instead of a 2-D fancy index each
+        # (in intp: int32 indices would overflow once machines x series passes 2**31).
+        flat = machines.astype(np.intp, copy=False) * self._last_seen.shape[1] + cols
+        _plane(self._values[slot])[flat] = values
         if self.first_sec == NEVER or sec < self.first_sec:
             self.first_sec = sec
-        last = self._last_seen[machines, cols]
+        last_seen = _plane(self._last_seen)
+        last = last_seen[flat]
         if not self.calibrated:
             fresh = sec > last
-            self._n_seen[machines, cols] += fresh
-            first = self._first_seen[machines, cols]
-            self._first_seen[machines, cols] = np.where(first == NEVER, sec, first)
+            n_seen = _plane(self._n_seen)
+            n_seen[flat] += fresh
+            first_seen = _plane(self._first_seen)
+            first = first_seen[flat]
+            first_seen[flat] = np.where(first == NEVER, sec, first)
             if self._calibrate_from == NEVER:
                 self._calibrate_from = sec
-        self._last_seen[machines, cols] = np.maximum(last, sec)
-        if len(machines):
+        last_seen[flat] = np.maximum(last, sec)
+        rows = machines if reporting is None else reporting
+        if len(rows) and len(values):
             # Every sample of the call has the same second: a plain (duplicate-safe) assignment.
-            seen = self._machine_last_seen[machines]
-            joining = (seen == NEVER) | (
-                self.departed[machines] & (sec > self.departed_sec[machines])
-            )
+            seen = self._machine_last_seen[rows]
+            joining = (seen == NEVER) | (self.departed[rows] & (sec > self.departed_sec[rows]))
             if joining.any():
-                self._join(np.unique(machines[joining]), sec)
-            self._machine_last_seen[machines] = np.maximum(seen, sec)
+                self._join(np.unique(rows[joining]), sec)
+            self._machine_last_seen[rows] = np.maximum(seen, sec)
         if (
             newer
             and not self.calibrated
@@ -630,6 +710,33 @@ class JobWindow:
     def metrics(self) -> Sequence[str]:
         """Metric names present, in first-seen order."""
         return list(dict.fromkeys(name for name, _ in self.series))
+
+
+_MAX_CACHED_LAYOUTS = 65_536
+"""Packed layouts whose series indices a window keeps (8 bytes per pair)."""
+_MAX_CACHED_NAMED = 4_096
+"""Sequences of sample names whose series indices a window keeps (their keys are large)."""
+
+
+@dataclass(slots=True)
+class _Group:
+    """Samples of one second gathered from several batches (one entry per batch)."""
+
+    sec: int
+    machines: list[int] = field(default_factory=list)
+    cols: list[np.ndarray] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
+
+
+def _plane(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array as a flat view (writes go to ``array``)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("window planes must be C-contiguous")
+    return array.reshape(-1)
+
+
+def _only_leave(batch: NodeBatch) -> bool:
+    return all(e.kind is EventKind.LEAVE for e in batch.events)
 
 
 def _grown(array: np.ndarray, shape: tuple[int, ...], fill: object) -> np.ndarray:

@@ -4,8 +4,10 @@ Two threads share a :class:`~minder.stream.spool.Spool`:
 
 - the *collector* calls :meth:`collectors.agent.Agent.collect_once` on a fixed cadence
   (``interval_s``, scheduled against the monotonic clock, so a slow interval does not shift the
-  next ones), encodes the batch (:func:`~minder.core.codec.encode_batch`) and appends it to the
-  spool. It never waits for the network, so the cadence holds while Kafka is down;
+  next ones), encodes the batch (a :class:`~minder.core.codec.BatchEncoder`: schema 2 by
+  default, the node's layout inlined in its first batch, at each change and every few batches)
+  and appends it to the spool. It never waits for the network, so the cadence holds while Kafka
+  is down;
 - the *sender* takes the oldest spooled records, sends them through a record sender
   (:class:`~minder.stream.agent_sender.KafkaRecordSender`), and removes from the spool only those
   the broker acknowledged. On failure it retries with exponential backoff; meanwhile the spool
@@ -55,7 +57,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from collectors.agent import Agent, SenderCounters
-from minder.core.codec import DEFAULT_FORMAT, WireFormat, encode_batch
+from minder.core.codec import AGENT_FORMAT, BatchEncoder, WireFormat
 from minder.core.errors import DecodeError, ValidationError
 from minder.core.records import NodeBatch
 from minder.stream.spool import Spool, SpoolRecord
@@ -176,7 +178,8 @@ class AgentRunner:
     interval_s
         Collection interval; default the agent's.
     fmt
-        Wire encoding of the batches.
+        Wire encoding of the batches: ``packed`` (schema 2, the default) or, for detection
+        services older than schema 2, ``msgpack`` (schema 1; ``json`` too).
     max_run_records, max_run_bytes
         Largest run of spooled records sent (and acknowledged) at once while catching up.
     backoff_initial_s, backoff_max_s
@@ -202,7 +205,7 @@ class AgentRunner:
         sender_factory: Callable[[], RecordSender] | None,
         *,
         interval_s: float | None = None,
-        fmt: WireFormat = DEFAULT_FORMAT,
+        fmt: WireFormat = AGENT_FORMAT,
         max_run_records: int = 64,
         max_run_bytes: int = 512 * 1024,
         backoff_initial_s: float = 0.2,
@@ -230,6 +233,7 @@ class AgentRunner:
         self.spool = spool
         self.interval_s = float(interval)
         self.fmt = WireFormat(fmt)
+        self.encoder = BatchEncoder(self.fmt)
         self.stats = RunnerStats()
         self._factory = sender_factory
         self._sender: RecordSender | None = None
@@ -338,8 +342,10 @@ class AgentRunner:
         """One collection: collect, encode, append to the spool, wake the sender."""
         batch = self.agent.collect_once(self._clock())
         try:
-            self.spool.append(frame(batch.job, encode_batch(batch, self.fmt)))
+            self.spool.append(frame(batch.job, self.encoder.encode(batch)))
         except (ValidationError, OSError) as exc:
+            # the lost batch may have carried the layout: the next one announces it again
+            self.encoder.forget()
             self.stats.spool_errors += 1
             if self.stats.spool_errors == 1 or math.log2(self.stats.spool_errors).is_integer():
                 logger.error(
@@ -370,7 +376,7 @@ class AgentRunner:
         reason = self._stop_reason or "stop requested"
         try:
             batch = agent.goodbye(self._clock(), reason)
-            self.spool.append(frame(batch.job, encode_batch(batch, self.fmt)))
+            self.spool.append(frame(batch.job, self.encoder.encode(batch)))
         except (ValidationError, OSError) as exc:
             logger.error("goodbye of %s/%s not spooled: %s", agent.job, agent.node, exc)
             return

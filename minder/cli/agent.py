@@ -16,17 +16,15 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from collectors.agent import Agent
-from collectors.base import Source
-from collectors.ethtool import DEFAULT_TIMEOUT_S as DEFAULT_ETHTOOL_TIMEOUT_S
 from collectors.labels import discover_identity, parse_label
 from minder.cli.common import (
     KafkaCaFileOption,
@@ -43,9 +41,12 @@ from minder.cli.common import (
     load_settings_with_kafka,
     out,
 )
-from minder.core.codec import batch_to_dict
 from minder.core.errors import MinderError, ValidationError
-from minder.core.records import NodeBatch
+
+if TYPE_CHECKING:  # the agent and its sources are imported when it runs, not for --help
+    from collectors.agent import Agent
+    from collectors.base import Source
+    from minder.core.records import NodeBatch
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,20 @@ logger = logging.getLogger(__name__)
 DEFAULT_SPOOL_MAX_BYTES = 256 * 2**20
 DEFAULT_METRICS_PORT = 9478
 DEFAULT_PROBE_ADDRESS = "127.0.0.1:9477"
+
+
+class WireFormatChoice(StrEnum):
+    """``--wire-format``: minder.core.codec.WireFormat's values, without importing the codec
+    (and numpy) for --help."""
+
+    packed = "packed"
+    msgpack = "msgpack"
+    json = "json"
+
+
+DEFAULT_ETHTOOL_TIMEOUT_S = 0.25
+"""collectors.ethtool.DEFAULT_TIMEOUT_S, written out so that --help need not import the
+collectors (tests/minder/cli/test_cli_imports.py checks that they agree)."""
 
 
 def default_spool_dir() -> Path:
@@ -242,6 +257,13 @@ def agent_command(
             "batch); --no-goodbye makes every stop look like silence",
         ),
     ] = True,
+    wire_format: Annotated[
+        WireFormatChoice,
+        typer.Option(
+            help="encoding of the batches: packed (schema 2: layout id and float32 values) or, "
+            "for detection services older than schema 2, msgpack or json (schema 1)"
+        ),
+    ] = WireFormatChoice.packed,
 ) -> None:
     """Run the node agent: collect every interval, serve /metrics, send batches to Kafka.
 
@@ -249,6 +271,8 @@ def agent_command(
     (docs/operations.md, Kafka security); the SASL password comes from MINDER_KAFKA__SASL_PASSWORD
     or --kafka-sasl-password-file, never from the command line.
     """
+    from collectors.agent import Agent  # noqa: PLC0415
+
     if not interval > 0:
         raise fail(f"--interval is {interval!r}: expected seconds > 0")
     if spool_max_bytes <= 0:
@@ -303,7 +327,7 @@ def agent_command(
             sasl_password_file=kafka_sasl_password_file,
         )
         _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr, goodbye=goodbye, flags=flags)  # fmt: skip
+             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format.value)  # fmt: skip
     finally:
         agent.close()
 
@@ -320,6 +344,8 @@ def _print_once(agent: Agent, interval: float, output_format: OutputFormat) -> N
         )
         err.print(f"source problems: {escape(listed)}")
     if output_format is OutputFormat.json:
+        from minder.core.codec import batch_to_dict  # noqa: PLC0415
+
         sys.stdout.write(
             orjson.dumps(batch_to_dict(batch, columns=False), option=orjson.OPT_INDENT_2).decode()
             + "\n"
@@ -357,9 +383,11 @@ def _run(
     *,
     goodbye: bool = True,
     flags: KafkaFlags | None = None,
+    fmt: str = WireFormatChoice.packed.value,
 ) -> None:
     from collectors.agent import AgentExporter  # noqa: PLC0415
     from minder.agent_runner import AgentRunner  # noqa: PLC0415
+    from minder.core.codec import WireFormat  # noqa: PLC0415
     from minder.stream.agent_sender import KafkaRecordSender  # noqa: PLC0415
     from minder.stream.spool import Spool  # noqa: PLC0415
 
@@ -390,6 +418,7 @@ def _run(
                 bootstrap, topic=topic, client_id=client_id, client_options=client_options
             ),
             goodbye=goodbye,
+            fmt=WireFormat(fmt),
         )
         exporter.set_sender(runner.sender_counters)
         if metrics_port:

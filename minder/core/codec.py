@@ -1,17 +1,36 @@
 """Wire codec of the per-node batch (docs/architecture.md §3.2).
 
-Two encodings share one envelope: msgpack (the default, chosen by ``bench/codec.py``: see the
-README) and JSON (orjson; readable with any Kafka tool). The decoder recognises either from the
-first byte, validates the whole message, and raises :class:`DecodeError` with the reason, so the
-consumer can route it to the dead-letter topic.
+Two envelope versions, both read:
+
+- **schema 1** names every sample (``"columns": {"metric", "device", "value"}``, or triples),
+  in msgpack or JSON (orjson; readable with any Kafka tool);
+- **schema 2** (*packed*, msgpack only, the agent's default) carries a layout id and the values
+  as little-endian float32 bytes; the layout itself (the ordered ``(metric, device)`` pairs)
+  travels inlined (``"layout_def"``) in a node's first batch, whenever it changes, and every
+  few batches after (:class:`BatchEncoder`). The id is a hash of the pairs, so any worker
+  recognises a layout it learnt from any node. The decoder validates a layout once, when it
+  first sees it, and then each batch's values with one vectorised check against the bounds
+  of each position (:class:`Decoder`). The service backs the decoder's layouts with its
+  database (:class:`LayoutStore`), so a worker that restarts or takes a partition over knows
+  them before the nodes announce them again.
+
+The decoder recognises JSON and msgpack from the first byte, validates the whole message, and
+raises :class:`DecodeError` with the reason, so the consumer can route it to the dead-letter
+topic. Choice and measurements: ``bench/codec.py`` and ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import struct
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, cast
 
 import msgpack
 import numpy as np
@@ -19,41 +38,90 @@ import orjson
 
 from minder.core.errors import DecodeError, ValidationError
 from minder.core.metrics import METRICS, MetricSpec, validate_device
-from minder.core.records import SCHEMA_VERSION, Event, EventKind, NodeBatch, Sample
+from minder.core.records import (
+    PACKED_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    Event,
+    EventKind,
+    Layout,
+    NodeBatch,
+    Sample,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class WireFormat(StrEnum):
     """Encodings the codec writes."""
 
     MSGPACK = "msgpack"
+    """Schema 1 in msgpack: every sample named (what consumers before schema 2 read)."""
     JSON = "json"
+    """Schema 1 in JSON."""
+    PACKED = "packed"
+    """Schema 2: layout id and float32 values in a msgpack envelope."""
 
 
 DEFAULT_FORMAT = WireFormat.MSGPACK
+"""Format of :func:`encode_batch` (stateless: schema 1 unless asked)."""
+AGENT_FORMAT = WireFormat.PACKED
+"""Format the node agent and :class:`~minder.stream.producer.BatchProducer` write by default."""
+
+ANNOUNCE_EVERY = 10
+"""A node inlines its layout in one batch of this many (and at every change)."""
+ANNOUNCE_EVERY_S = 10.0
+"""... and at least this often in data seconds (so a slow interval re-announces too)."""
+MAX_LAYOUT_PAIRS = 65_536
+"""Most ``(metric, device)`` pairs in one layout."""
+MAX_LAYOUTS = 65_536
+"""Layouts one decoder keeps (least recently used evicted first, counted)."""
+MAX_LAYOUT_CACHE_PAIRS = 16_000_000
+"""Pairs all kept layouts may hold together (beyond it the least recently used go)."""
+STORE_MISS_TTL_S = 5.0
+"""How long a decoder trusts its backing store's "not there" for one layout id before asking
+again (so a flood of batches with a truly unknown id costs one query per id per period)."""
+STORE_RETRY_S = 5.0
+"""After a backing store call raised, the store is left alone this long (lookups answer "not
+there", saves wait for a later announcement), so a database that is down does not hold the poll
+loop for its timeout at every batch."""
+MAX_STORE_MISSES = 4_096
+"""Layout ids whose "not there" a decoder remembers (oldest forgotten first)."""
+STORE_LOG_EVERY_S = 60.0
+"""A failing backing store is logged at most once per this many seconds (every failure counted)."""
 
 _EVENT_KINDS = {kind.value: kind for kind in EventKind}
 # (metric, device) pairs already checked: a node reports the same few hundred pairs every second,
 # so the device-name check runs once per pair instead of once per sample.
 _checked_pairs: dict[tuple[str, str], MetricSpec] = {}
 _MAX_CHECKED_PAIRS = 1_000_000
-# Value bounds of each distinct (names, devices) layout already validated.
+# Value bounds of each distinct (names, devices) layout already validated (schema 1).
 _layout_bounds: dict[tuple[tuple[Any, ...], tuple[Any, ...]], tuple[np.ndarray, np.ndarray]] = {}
 _MAX_LAYOUTS = 65_536
+# Schema 2: one metric tuple and one pair of float32 bound arrays per distinct metric sequence,
+# shared by every layout with that sequence (nodes differ by device names, e.g. their ranks).
+_metric_bounds: dict[
+    tuple[str, ...], tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray | None]
+] = {}
+_MAX_METRIC_SEQUENCES = 4_096
 _NUMBER_TYPES = frozenset({float, int})
+_F32 = np.dtype("<f4")
+_U32 = np.dtype("<u4")
 MIN_TS = 0.0
 MAX_TS = 4_102_444_800.0  # 2100-01-01: beyond it a timestamp is a broken clock, not data
 
 
 def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
-    """Return the envelope as plain data (the form both encodings carry).
+    """Return the schema-1 envelope as plain data (the form both schema-1 encodings carry).
 
     Samples travel as three parallel lists (``"columns": {"metric", "device", "value"}``): two to
     three times cheaper to encode and decode than one ``[metric, device, value]`` list per
     sample (``bench/codec.py``). ``columns=False`` gives that readable triple form, which the
-    decoder accepts too.
+    decoder accepts too. A packed batch (decoded from schema 2) is written with its samples
+    named.
     """
+    samples = batch.samples if batch.values is None else batch.all_samples()
     data: dict[str, Any] = {
-        "schema": batch.schema,
+        "schema": SCHEMA_VERSION,
         "job": batch.job,
         "node": batch.node,
         "ts": batch.ts,
@@ -62,12 +130,12 @@ def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
     }
     if columns:
         data["columns"] = {
-            "metric": [s[0] for s in batch.samples],
-            "device": [s[1] for s in batch.samples],
-            "value": [s[2] for s in batch.samples],
+            "metric": [s[0] for s in samples],
+            "device": [s[1] for s in samples],
+            "value": [s[2] for s in samples],
         }
     else:
-        data["samples"] = [list(s) for s in batch.samples]
+        data["samples"] = [list(s) for s in samples]
     data["events"] = [_event_to_dict(e) for e in batch.events]
     return data
 
@@ -81,17 +149,571 @@ def _event_to_dict(event: Event) -> dict[str, Any]:
     return out
 
 
+def layout_id(metrics: Sequence[str], devices: Sequence[str]) -> int:
+    """The 64-bit content hash naming a layout: BLAKE2b of the msgpack of both name lists."""
+    digest = hashlib.blake2b(
+        msgpack.packb([list(metrics), list(devices)], use_bin_type=True), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "little")
+
+
+def layout_definition(metrics: Sequence[str], devices: Sequence[str]) -> dict[str, Any]:
+    """A layout as it is inlined (``"layout_def"``): each distinct name once, then per position
+    the index of its metric and of its device."""
+    metric_index: dict[str, int] = {}
+    device_index: dict[str, int] = {}
+    by_metric = [metric_index.setdefault(m, len(metric_index)) for m in metrics]
+    by_device = [device_index.setdefault(d, len(device_index)) for d in devices]
+    return {
+        "metrics": list(metric_index),
+        "devices": list(device_index),
+        "metric": by_metric,
+        "device": by_device,
+    }
+
+
+def _packed_dict(
+    batch: NodeBatch,
+    lid: int | None,
+    values: bytes,
+    definition: dict[str, Any] | None,
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "schema": PACKED_SCHEMA_VERSION,
+        "job": batch.job,
+        "node": batch.node,
+        "ts": batch.ts,
+        "interval_s": batch.interval_s,
+        "labels": batch.labels,
+    }
+    if lid is not None:
+        data["layout"] = lid
+        data["values"] = values
+        if definition is not None:
+            data["layout_def"] = definition
+    if batch.events:
+        data["events"] = [_event_to_dict(e) for e in batch.events]
+    return data
+
+
+def _unzip(batch: NodeBatch) -> tuple[tuple[str, ...], tuple[str, ...], bytes]:
+    """Names, devices and packed float32 values of a batch's samples (either form)."""
+    if batch.layout is not None and batch.values is not None and not batch.samples:
+        return batch.layout.metrics, batch.layout.devices, batch.values.astype(_F32).tobytes()
+    samples = batch.samples if batch.values is None else batch.all_samples()
+    if not samples:
+        return (), (), b""
+    metrics, devices, values = zip(*samples, strict=True)
+    try:
+        packed = struct.pack(f"<{len(values)}f", *values)
+    except (OverflowError, struct.error):  # beyond float32 (or not a number): numpy says inf
+        packed = np.asarray(values, dtype=_F32).tobytes()
+    return metrics, devices, packed
+
+
 def encode_batch(batch: NodeBatch, fmt: WireFormat = DEFAULT_FORMAT) -> bytes:
-    """Encode one batch for the wire."""
+    """Encode one batch for the wire, on its own.
+
+    ``WireFormat.PACKED`` inlines the layout in every message (any decoder reads it); a node
+    sending a stream uses :class:`BatchEncoder`, which inlines it only now and then.
+    """
+    if fmt is WireFormat.PACKED:
+        metrics, devices, values = _unzip(batch)
+        if not metrics:
+            packed: bytes = msgpack.packb(_packed_dict(batch, None, b"", None), use_bin_type=True)
+            return packed
+        data = _packed_dict(
+            batch, layout_id(metrics, devices), values, layout_definition(metrics, devices)
+        )
+        packed = msgpack.packb(data, use_bin_type=True)
+        return packed
     data = batch_to_dict(batch)
     if fmt is WireFormat.JSON:
         return orjson.dumps(data)
-    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    packed = msgpack.packb(data, use_bin_type=True)
     return packed
 
 
+@dataclass(slots=True)
+class _Announced:
+    """What one node's stream last said of its layout."""
+
+    metrics: tuple[str, ...]
+    devices: tuple[str, ...]
+    id: int
+    definition: dict[str, Any]
+    since: int = 0
+    """Batches sent since the layout was last inlined."""
+    inlined_ts: float = -math.inf
+
+
+@dataclass(slots=True)
+class EncoderStats:
+    """Counters of one :class:`BatchEncoder`."""
+
+    batches: int = 0
+    layouts_inlined: int = 0
+    """Batches that carried their layout (first batch, change, periodic re-announcement)."""
+    layout_changes: int = 0
+    """Times a node's layout differed from its previous one (a GPU fell off the bus...)."""
+    nodes_forgotten: int = 0
+    """Nodes dropped from the encoder's memory beyond ``max_nodes`` (they re-announce)."""
+
+
+class BatchEncoder:
+    """Encodes a stream of batches, remembering per node what the stream announced.
+
+    With ``WireFormat.PACKED`` (the default) a node's layout is inlined in its first batch, in
+    the batch where it changes (a GPU fell off the bus: fewer pairs, another id), and then once
+    every ``announce_every`` batches or ``announce_every_s`` seconds of data time, whichever comes
+    first, so a worker that starts or takes a partition over mid-stream learns every layout within
+    that bound (docs/architecture.md §3.2). Other formats are encoded by :func:`encode_batch`.
+
+    Parameters
+    ----------
+    fmt
+        Wire format.
+    announce_every, announce_every_s
+        Re-announcement period in batches and in data seconds.
+    max_nodes
+        Nodes remembered (one encoder may serve a simulator's whole cluster); beyond it the
+        least recently seen is forgotten (and counted), so it simply announces again.
+    """
+
+    def __init__(
+        self,
+        fmt: WireFormat = AGENT_FORMAT,
+        *,
+        announce_every: int = ANNOUNCE_EVERY,
+        announce_every_s: float = ANNOUNCE_EVERY_S,
+        max_nodes: int = 100_000,
+    ) -> None:
+        if announce_every < 1:
+            raise ValidationError(f"announce_every is {announce_every!r}: expected at least 1")
+        if not announce_every_s > 0:
+            raise ValidationError(
+                f"announce_every_s is {announce_every_s!r}: expected a positive number of seconds"
+            )
+        if max_nodes < 1:
+            raise ValidationError(f"max_nodes is {max_nodes!r}: expected at least 1")
+        self.fmt = WireFormat(fmt)
+        self.announce_every = announce_every
+        self.announce_every_s = float(announce_every_s)
+        self.max_nodes = max_nodes
+        self.stats = EncoderStats()
+        self._nodes: OrderedDict[tuple[str, str], _Announced] = OrderedDict()
+
+    def encode(self, batch: NodeBatch) -> bytes:
+        """Encode ``batch`` (inlining its layout when due)."""
+        self.stats.batches += 1
+        if self.fmt is not WireFormat.PACKED:
+            return encode_batch(batch, self.fmt)
+        metrics, devices, values = _unzip(batch)
+        if not metrics:
+            packed: bytes = msgpack.packb(_packed_dict(batch, None, b"", None), use_bin_type=True)
+            return packed
+        key = (batch.job, batch.node)
+        state = self._nodes.get(key)
+        if state is None or state.metrics != metrics or state.devices != devices:
+            if state is not None:
+                self.stats.layout_changes += 1
+            state = _Announced(
+                metrics, devices, layout_id(metrics, devices), layout_definition(metrics, devices)
+            )
+            self._nodes[key] = state
+            if len(self._nodes) > self.max_nodes:
+                self._nodes.popitem(last=False)
+                self.stats.nodes_forgotten += 1
+        self._nodes.move_to_end(key)
+        inline = (
+            state.inlined_ts == -math.inf
+            or state.since >= self.announce_every - 1
+            or not 0 <= batch.ts - state.inlined_ts < self.announce_every_s
+        )
+        if inline:
+            state.since = 0
+            state.inlined_ts = batch.ts
+            self.stats.layouts_inlined += 1
+        else:
+            state.since += 1
+        data = _packed_dict(batch, state.id, values, state.definition if inline else None)
+        packed = msgpack.packb(data, use_bin_type=True)
+        return packed
+
+    def forget(self) -> None:
+        """Forget every node: each announces its layout again with its next batch."""
+        self._nodes.clear()
+
+
+class LayoutStore(Protocol):
+    """Where a :class:`LayoutCache` keeps the layouts it learns, shared by every worker (the
+    service's database: :class:`minder.storage.layouts.SqlLayoutStore`), so a worker that
+    restarts or takes a partition over decodes the nodes' batches before they re-announce.
+
+    Definitions are what the wire carries (``"layout_def"``, :func:`layout_definition`). Either
+    method may raise: the cache counts and logs it and decodes on without the store.
+    """
+
+    def load(self, layout_id: int) -> dict[str, Any] | None:
+        """The definition stored for ``layout_id``, or ``None`` when there is none."""
+        ...
+
+    def save(self, layout_id: int, definition: dict[str, Any]) -> None:
+        """Keep ``definition`` under ``layout_id`` unless one is there already."""
+        ...
+
+
+class LayoutCache:
+    """The layouts a decoder knows, by id: bounded in count and in pairs, least recently used
+    evicted first, every eviction counted (an evicted layout is learnt again at its node's next
+    announcement, or from the backing store; otherwise its batches in between are refused as
+    ``unknown_layout``).
+
+    With a backing ``store`` (:class:`LayoutStore`), every layout learnt from an inlined
+    definition is saved there (once per id per process), and an id the cache does not hold is
+    looked up there before its batch is refused; a "not there" is remembered for
+    :data:`STORE_MISS_TTL_S` per id. A store that raises never breaks decoding: it is counted
+    (``store_failures``), logged at most once a minute, and left alone for
+    :data:`STORE_RETRY_S` (the cache works as without it meanwhile).
+    """
+
+    def __init__(
+        self,
+        max_layouts: int = MAX_LAYOUTS,
+        max_pairs: int = MAX_LAYOUT_CACHE_PAIRS,
+        *,
+        store: LayoutStore | None = None,
+        miss_ttl_s: float = STORE_MISS_TTL_S,
+        retry_s: float = STORE_RETRY_S,
+    ) -> None:
+        if max_layouts < 1 or max_pairs < 1:
+            raise ValidationError(
+                f"max_layouts={max_layouts!r}, max_pairs={max_pairs!r}: expected at least 1"
+            )
+        for name, value in (("miss_ttl_s", miss_ttl_s), ("retry_s", retry_s)):
+            if not 0 <= value < math.inf:
+                raise ValidationError(
+                    f"{name} is {value!r}: expected a finite number of seconds, 0 or more"
+                )
+        self.max_layouts = max_layouts
+        self.max_pairs = max_pairs
+        self.miss_ttl_s = float(miss_ttl_s)
+        self.retry_s = float(retry_s)
+        self.pairs = 0
+        self.learned = 0
+        self.evictions = 0
+        self._store: LayoutStore | None = store
+        self.store_loaded = 0
+        """Layouts learnt from the store (a batch decoded that would have been refused)."""
+        self.store_saved = 0
+        """Layouts handed to the store."""
+        self.store_misses = 0
+        """Lookups the store answered with nothing."""
+        self.store_refused = 0
+        """Stored definitions that failed validation (not the id they are stored under...)."""
+        self.store_failures = 0
+        """Store calls that raised."""
+        self._layouts: OrderedDict[int, Layout] = OrderedDict()
+        self._saved: set[int] = set()
+        self._misses: OrderedDict[int, float] = OrderedDict()
+        self._logged_at = -math.inf
+        self._down_until = -math.inf
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    @property
+    def store(self) -> LayoutStore | None:
+        """The backing store, or ``None``."""
+        return self._store
+
+    @store.setter
+    def store(self, store: LayoutStore | None) -> None:
+        # Another store knows nothing of what this one was told or answered.
+        self._store = store
+        self._saved.clear()
+        self._misses.clear()
+        self._down_until = -math.inf
+
+    def get(self, lid: int) -> Layout | None:
+        layout = self._layouts.get(lid)
+        if layout is not None:
+            self._layouts.move_to_end(lid)
+        return layout
+
+    def learn(self, layout: Layout) -> Layout:
+        """Keep ``layout`` (evicting the least recently used beyond the bounds); returns it."""
+        old = self._layouts.pop(layout.id, None)
+        if old is not None:
+            self.pairs -= len(old)
+        self._layouts[layout.id] = layout
+        self.pairs += len(layout)
+        self.learned += 1
+        self._misses.pop(layout.id, None)
+        while len(self._layouts) > 1 and (
+            len(self._layouts) > self.max_layouts or self.pairs > self.max_pairs
+        ):
+            _, gone = self._layouts.popitem(last=False)
+            self.pairs -= len(gone)
+            self.evictions += 1
+            if self.evictions == 1 or math.log2(self.evictions).is_integer():
+                logger.warning(
+                    "layout cache full (%d layouts, %d pairs): least recently used evicted "
+                    "(%d so far); their nodes' batches are refused until re-announced",
+                    len(self._layouts),
+                    self.pairs,
+                    self.evictions,
+                )
+        return layout
+
+    def learn_announced(self, definition: Any, lid: int) -> Layout:
+        """Validate an inlined definition, keep its layout, and save it to the store. Raises
+        :class:`DecodeError` if it is invalid."""
+        layout = self.learn(_layout_from_definition(definition, lid))
+        self.announced(layout)
+        return layout
+
+    def announced(self, layout: Layout) -> None:
+        """Save ``layout`` to the store unless this process did already (or the store is
+        failing: it is tried again at a later announcement)."""
+        lid = layout.id
+        store = self.store
+        if store is None or lid in self._saved or time.monotonic() < self._down_until:
+            return
+        # What is saved is rebuilt from the validated pairs: whatever else an agent's
+        # definition carried (extra keys) stays out of the shared database.
+        definition = layout_definition(layout.metrics, layout.devices)
+        try:
+            store.save(lid, definition)
+        except Exception as exc:  # a store must never break decoding
+            self._failed("save", lid, exc)
+            return
+        self.store_saved += 1
+        self._mark_saved(lid)
+
+    def from_store(self, lid: int) -> Layout | None:
+        """The layout the store holds for ``lid`` (validated, then kept), or ``None``: no
+        store, nothing stored (remembered for ``miss_ttl_s``), or the store failed.
+
+        Raises :class:`DecodeError` when the stored definition is invalid (it does not hash to
+        ``lid``...); that id is then not asked for again for ``miss_ttl_s`` either.
+        """
+        store = self.store
+        if store is None:
+            return None
+        now = time.monotonic()
+        if now < self._down_until:
+            return None
+        until = self._misses.get(lid)
+        if until is not None:
+            if now < until:
+                return None
+            del self._misses[lid]
+        try:
+            definition = store.load(lid)
+        except Exception as exc:  # a store must never break decoding
+            self._failed("load", lid, exc)
+            self._miss(lid, now)
+            return None
+        if definition is None:
+            self.store_misses += 1
+            self._miss(lid, now)
+            return None
+        try:
+            layout = _layout_from_definition(definition, lid)
+        except DecodeError as exc:
+            self.store_refused += 1
+            self._miss(lid, now)
+            logger.error(
+                "layout 0x%016x in the layout store is invalid, not used: %s",
+                lid,
+                str(exc)[:300],
+            )
+            raise
+        self.store_loaded += 1
+        self._mark_saved(lid)
+        return self.learn(layout)
+
+    def _mark_saved(self, lid: int) -> None:
+        if len(self._saved) >= 4 * self.max_layouts:
+            self._saved.clear()  # saving again is harmless (the store keeps the first)
+        self._saved.add(lid)
+
+    def _miss(self, lid: int, now: float) -> None:
+        self._misses[lid] = now + self.miss_ttl_s
+        self._misses.move_to_end(lid)
+        while len(self._misses) > MAX_STORE_MISSES:
+            self._misses.popitem(last=False)
+
+    def _failed(self, what: str, lid: int, exc: Exception) -> None:
+        self.store_failures += 1
+        now = time.monotonic()
+        # A store that is down (a database timing out) is not asked again for a while: every
+        # call would hold the poll loop for its timeout.
+        self._down_until = now + self.retry_s
+        if now - self._logged_at >= STORE_LOG_EVERY_S:
+            self._logged_at = now
+            logger.warning(
+                "layout store %s of 0x%016x failed (%d failures so far; decoding goes on "
+                "without the store): %s",
+                what,
+                lid,
+                self.store_failures,
+                repr(exc)[:300],
+            )
+
+    def clear(self) -> None:
+        self._layouts.clear()
+        self._misses.clear()
+        self._saved.clear()
+        self.pairs = 0
+
+
+class Decoder:
+    """Decodes and validates wire messages of either schema, with its own layout cache.
+
+    :func:`decode_batch` uses one module-wide decoder; a process may hold others (tests, tools).
+    """
+
+    def __init__(self, layouts: LayoutCache | None = None) -> None:
+        self.layouts = layouts if layouts is not None else LayoutCache()
+
+    def decode(self, payload: bytes) -> NodeBatch:
+        """Decode and validate one wire message.
+
+        Raises
+        ------
+        DecodeError
+            The payload is not a well-formed batch; ``reason`` names the field, the value
+            received and what was expected.
+        """
+        if not payload:
+            raise DecodeError("empty message: expected a JSON or msgpack batch envelope")
+        first = payload[0]
+        try:
+            if first in (0x7B, 0x5B, 0x20, 0x0A, 0x0D, 0x09):  # '{', '[' or whitespace: JSON
+                data = orjson.loads(payload)
+            else:
+                data = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+        except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
+            raise DecodeError(
+                f"undecodable payload ({len(payload)} bytes, first byte 0x{first:02x}): {exc}"
+            ) from None
+        except Exception as exc:  # msgpack raises assorted errors on truncated input
+            raise DecodeError(f"undecodable payload ({len(payload)} bytes): {exc!r}") from None
+        return self.from_dict(data)
+
+    def from_dict(self, data: Any) -> NodeBatch:
+        """Validate plain data (as decoded) into a :class:`NodeBatch`."""
+        if not isinstance(data, dict):
+            raise DecodeError(f"envelope is {type(data).__name__}: expected an object/map")
+        schema = data.get("schema")
+        if schema == PACKED_SCHEMA_VERSION:
+            return self._packed(data)
+        if schema != SCHEMA_VERSION:
+            raise DecodeError(
+                f"field 'schema' is {schema!r}: expected {SCHEMA_VERSION} or "
+                f"{PACKED_SCHEMA_VERSION}"
+            )
+        job, node, ts, interval_s, labels = _header(data)
+        columns = data.get("columns")
+        if columns is not None:
+            if "samples" in data:
+                raise DecodeError("envelope has both 'samples' and 'columns': expected one of them")
+            samples = _columns(columns)
+        else:
+            samples = _samples(data.get("samples", []))
+        events = _events(data.get("events", []))
+        return NodeBatch(
+            job=job,
+            node=node,
+            ts=ts,
+            interval_s=interval_s,
+            labels=labels,
+            samples=samples,
+            events=events,
+            schema=SCHEMA_VERSION,
+        )
+
+    def _packed(self, data: dict[str, Any]) -> NodeBatch:
+        job, node, ts, interval_s, labels = _header(data)
+        lid = data.get("layout")
+        raw = data.get("values")
+        events = _events(data.get("events", []))
+        if lid is None:
+            if raw is not None and raw != b"":
+                raise DecodeError(
+                    "field 'layout' is None while 'values' is not empty: expected the layout id "
+                    "of the values"
+                )
+            return NodeBatch(
+                job, node, ts, interval_s, labels, [], events, schema=PACKED_SCHEMA_VERSION
+            )
+        if lid.__class__ is not int or not 0 <= lid < 2**64:
+            raise DecodeError(
+                f"field 'layout' is {lid!r}: expected a layout id (an integer in [0, 2**64))"
+            )
+        if raw.__class__ is not bytes:
+            raise DecodeError(
+                f"field 'values' is {type(raw).__name__}: expected bytes of little-endian float32 "
+                "(schema 2 travels as msgpack)"
+            )
+        layout = self.layouts.get(lid)
+        if layout is None:
+            definition = data.get("layout_def")
+            if definition is not None:
+                layout = self.layouts.learn_announced(definition, lid)
+            else:
+                try:
+                    layout = self.layouts.from_store(lid)
+                    stored = ""
+                except DecodeError as exc:
+                    layout, stored = None, f"; the layout store's definition is invalid: {exc}"
+                if layout is None:
+                    raise DecodeError(
+                        f"unknown layout 0x{lid:016x} from job {job[:64]!r} node {node[:64]!r}: "
+                        "expected a layout announced earlier to this worker, in the layout "
+                        f"store, or a 'layout_def' (nodes re-announce theirs periodically){stored}"
+                    )
+        elif "layout_def" in data and self.layouts.store is not None:
+            self.layouts.announced(layout)  # saved unless it is already (one set lookup)
+        n = len(layout.metrics)
+        if len(raw) != 4 * n:
+            raise DecodeError(
+                f"field 'values' has {len(raw)} bytes: expected {4 * n} (a float32 for each of "
+                f"the {n} pairs of layout 0x{lid:016x})"
+            )
+        values = np.frombuffer(raw, dtype=_F32)
+        bits = layout.upper_bits
+        if bits is None or not (values.view(_U32) <= bits).all():
+            ok = (values >= layout.lower) & (values <= layout.upper)  # NaN fails both
+            if not ok.all():
+                i = int(np.argmin(ok))
+                spec = METRICS[layout.metrics[i]]
+                raise DecodeError(
+                    f"values[{i}] {layout.metrics[i]}{{{layout.devices[i]}}} is "
+                    f"{float(values[i])!r}: expected a finite number in [{spec.lower:g}, "
+                    f"{spec.upper:g}] ({spec.unit})"
+                )
+        return NodeBatch(
+            job,
+            node,
+            ts,
+            interval_s,
+            labels,
+            [],
+            events,
+            schema=PACKED_SCHEMA_VERSION,
+            layout=layout,
+            values=values,
+        )
+
+
+_DECODER = Decoder()
+
+
 def decode_batch(payload: bytes) -> NodeBatch:
-    """Decode and validate one wire message.
+    """Decode and validate one wire message with the module-wide :class:`Decoder`.
 
     Raises
     ------
@@ -99,30 +721,121 @@ def decode_batch(payload: bytes) -> NodeBatch:
         The payload is not a well-formed batch; ``reason`` names the field, the value received
         and what was expected.
     """
-    if not payload:
-        raise DecodeError("empty message: expected a JSON or msgpack batch envelope")
-    first = payload[0]
-    try:
-        if first in (0x7B, 0x5B, 0x20, 0x0A, 0x0D, 0x09):  # '{', '[' or whitespace: JSON
-            data = orjson.loads(payload)
-        else:
-            data = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except (orjson.JSONDecodeError, ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
-        raise DecodeError(
-            f"undecodable payload ({len(payload)} bytes, first byte 0x{first:02x}): {exc}"
-        ) from None
-    except Exception as exc:  # msgpack raises assorted errors on truncated input
-        raise DecodeError(f"undecodable payload ({len(payload)} bytes): {exc!r}") from None
-    return batch_from_dict(data)
+    return _DECODER.decode(payload)
 
 
 def batch_from_dict(data: Any) -> NodeBatch:
-    """Validate plain data (as decoded) into a :class:`NodeBatch`."""
-    if not isinstance(data, dict):
-        raise DecodeError(f"envelope is {type(data).__name__}: expected an object/map")
-    schema = data.get("schema")
-    if schema != SCHEMA_VERSION:
-        raise DecodeError(f"field 'schema' is {schema!r}: expected {SCHEMA_VERSION}")
+    """Validate plain data (as decoded) into a :class:`NodeBatch` (module-wide decoder)."""
+    return _DECODER.from_dict(data)
+
+
+def layout_cache() -> LayoutCache:
+    """The layouts the module-wide decoder knows (its counters: ``learned``, ``evictions``,
+    ``store_*``); the service sets its ``store`` to the database's (``minder.service.stack``)."""
+    return _DECODER.layouts
+
+
+def _layout_from_definition(raw: Any, lid: int) -> Layout:
+    """Validate an inlined layout (names, devices, no repeated pair, its hash) into a Layout."""
+    if not isinstance(raw, dict):
+        raise DecodeError(f"layout_def is {type(raw).__name__}: expected a map")
+    parts = [raw.get(key) for key in ("metrics", "devices", "metric", "device")]
+    if not all(isinstance(x, list) for x in parts):
+        raise DecodeError(
+            "layout_def needs lists 'metrics', 'devices', 'metric' and 'device'; got "
+            + ", ".join(type(x).__name__ for x in parts)
+        )
+    names, devices, m_index, d_index = cast("list[list[Any]]", parts)
+    n = len(m_index)
+    if n != len(d_index) or not 0 < n <= MAX_LAYOUT_PAIRS:
+        raise DecodeError(
+            f"layout_def has {len(m_index)} metric and {len(d_index)} device indices: expected "
+            f"as many of each, 1 to {MAX_LAYOUT_PAIRS}"
+        )
+    for what, table in (("metrics", names), ("devices", devices)):
+        bad = next((x for x in table if not isinstance(x, str)), None)
+        if bad is not None:
+            raise DecodeError(f"layout_def {what} holds {bad!r}: expected strings")
+    try:
+        mi = np.asarray(m_index, dtype=np.int64)
+        di = np.asarray(d_index, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        raise DecodeError("layout_def indices: expected integers") from None
+    if mi.ndim != 1 or di.ndim != 1:
+        raise DecodeError("layout_def indices: expected flat lists of integers")
+    for what, index, table in (("metric", mi, names), ("device", di, devices)):
+        if ((index < 0) | (index >= len(table))).any():
+            i = int(np.argmax((index < 0) | (index >= len(table))))
+            raise DecodeError(
+                f"layout_def pairs[{i}] has {what} index {int(index[i])}: expected 0 to "
+                f"{len(table) - 1}"
+            )
+    metrics = tuple(names[i] for i in mi.tolist())
+    devs = tuple(devices[i] for i in di.tolist())
+    seen: dict[tuple[str, str], int] = {}
+    for i, pair in enumerate(zip(metrics, devs, strict=True)):
+        first = seen.setdefault(pair, i)
+        if first != i:
+            raise DecodeError(
+                f"layout_def pairs[{i}] repeats {pair[0]}{{{pair[1]}}} (first at pairs[{first}]): "
+                "expected each (metric, device) pair once"
+            )
+        if pair not in _checked_pairs:
+            _check_layout_pair(i, *pair)
+    actual = layout_id(metrics, devs)
+    if actual != lid:
+        raise DecodeError(
+            f"layout_def hashes to 0x{actual:016x} but the batch names layout 0x{lid:016x}: "
+            "expected the id of its pairs (minder.core.codec.layout_id)"
+        )
+    shared = _metric_bounds.get(metrics)
+    if shared is None:
+        specs = [METRICS[m] for m in metrics]
+        lower = np.asarray([sp.lower for sp in specs], dtype=_F32)
+        upper = np.asarray([sp.upper for sp in specs], dtype=_F32)
+        bits = upper.view(_U32) if not lower.any() and np.isfinite(upper).all() else None
+        shared = (metrics, lower, upper, bits)
+        if len(_metric_bounds) < _MAX_METRIC_SEQUENCES:
+            _metric_bounds[metrics] = shared
+    return Layout(lid, shared[0], devs, shared[1], shared[2], shared[3])
+
+
+def _check_layout_pair(i: int, name: str, device: str) -> None:
+    spec = METRICS.get(name)
+    if spec is None:
+        raise DecodeError(
+            f"layout_def pairs[{i}] has unknown metric {name!r}: expected a name of §3.1"
+        )
+    try:
+        validate_device(spec, device)
+    except ValidationError as exc:
+        raise DecodeError(f"layout_def pairs[{i}]: {exc}") from None
+    if len(_checked_pairs) < _MAX_CHECKED_PAIRS:
+        _checked_pairs[(name, device)] = spec
+
+
+def _header(data: dict[str, Any]) -> tuple[str, str, float, float, dict[str, str]]:
+    """Job, node, ts, interval and labels of an envelope, validated."""
+    job, node, ts = data.get("job"), data.get("node"), data.get("ts")
+    interval_s, labels = data.get("interval_s", 1.0), data.get("labels", {})
+    # The common case in a few exact class checks; anything else takes the path that names it.
+    if (
+        job.__class__ is str
+        and job
+        and node.__class__ is str
+        and node
+        and ts.__class__ is float
+        and MIN_TS < ts < MAX_TS
+        and interval_s.__class__ is float
+        and 0.0 < interval_s < math.inf
+        and labels.__class__ is dict
+        and all(k.__class__ is str and v.__class__ is str for k, v in labels.items())
+    ):
+        return job, node, ts, interval_s, labels
+    return _header_checked(data)
+
+
+def _header_checked(data: dict[str, Any]) -> tuple[str, str, float, float, dict[str, str]]:
     job = _text(data, "job")
     node = _text(data, "node")
     ts = _number(data, "ts")
@@ -138,24 +851,7 @@ def batch_from_dict(data: Any) -> NodeBatch:
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         raise DecodeError(f"field 'labels' is {labels!r}: expected a map of strings to strings")
-    columns = data.get("columns")
-    if columns is not None:
-        if "samples" in data:
-            raise DecodeError("envelope has both 'samples' and 'columns': expected one of them")
-        samples = _columns(columns)
-    else:
-        samples = _samples(data.get("samples", []))
-    events = _events(data.get("events", []))
-    return NodeBatch(
-        job=job,
-        node=node,
-        ts=ts,
-        interval_s=interval_s,
-        labels=labels,
-        samples=samples,
-        events=events,
-        schema=SCHEMA_VERSION,
-    )
+    return job, node, ts, interval_s, labels
 
 
 def _text(data: dict[str, Any], key: str) -> str:

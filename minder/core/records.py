@@ -5,8 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 SCHEMA_VERSION = 1
-"""Version of the batch envelope this code writes and reads."""
+"""The envelope with named samples (columns or triples), msgpack or JSON."""
+PACKED_SCHEMA_VERSION = 2
+"""The packed envelope: a layout id and little-endian float32 values (docs/architecture.md
+§3.2); the layout's names travel only now and then."""
+SCHEMA_VERSIONS = (SCHEMA_VERSION, PACKED_SCHEMA_VERSION)
+"""Envelope versions this code reads."""
 
 METRICS_TOPIC = "minder.metrics.v1"
 ALERTS_TOPIC = "minder.alerts.v1"
@@ -49,6 +56,45 @@ Sample = tuple[str, str, float]
 """``(metric, device, value)``; ``device`` is ``""`` for host metrics."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Layout:
+    """The ordered ``(metric, device)`` pairs of packed batches (schema 2), known by ``id``.
+
+    Built and validated once by the codec when a layout is first seen, then shared by every
+    batch that names its id, so whatever a receiver derives from it (value bounds here, window
+    series indices in ``detectors.window``) is derived once per layout, not per message.
+
+    Attributes
+    ----------
+    id
+        64-bit content hash of the pairs (:func:`minder.core.codec.layout_id`): the same
+        pairs have the same id on every node, different pairs (as good as) never share one.
+    metrics, devices
+        The pairs, position by position.
+    lower, upper
+        Per position, the bounds a value must lie within (float32, as the values travel).
+    upper_bits
+        When every lower bound is 0: ``upper`` as the uint32 bit patterns of its float32
+        values. Non-negative floats order like their bit patterns, and NaN, infinity and
+        negative numbers all have larger patterns than any finite upper bound, so one integer
+        comparison validates a whole value block.
+    """
+
+    id: int
+    metrics: tuple[str, ...] = field(repr=False)
+    devices: tuple[str, ...] = field(repr=False)
+    lower: np.ndarray = field(repr=False)
+    upper: np.ndarray = field(repr=False)
+    upper_bits: np.ndarray | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.metrics)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The ``(metric, device)`` pairs in order."""
+        return list(zip(self.metrics, self.devices, strict=True))
+
+
 @dataclass(slots=True)
 class NodeBatch:
     """Everything one node measured in one interval.
@@ -67,9 +113,15 @@ class NodeBatch:
         Placement and role: ``group`` (peer group such as ``pp3``), ``domain`` (switch or rack),
         and any others the agent discovered.
     samples
-        Canonical ``(metric, device, value)`` triples.
+        Canonical ``(metric, device, value)`` triples. Empty in a batch decoded from the packed
+        envelope (schema 2): its samples are ``layout`` and ``values``; read
+        :attr:`sample_count` and :meth:`all_samples` to cover both forms.
     events
         Hard-fault events seen during the interval.
+    schema
+        Envelope version it was decoded from (or is meant for).
+    layout, values
+        Packed samples (schema 2): the layout, and one float32 value per position of it.
     """
 
     job: str
@@ -80,6 +132,49 @@ class NodeBatch:
     samples: list[Sample] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
+    layout: Layout | None = None
+    values: np.ndarray | None = None
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a plain dataclass would be
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field; packed values compared element-wise."""
+        if not isinstance(other, NodeBatch):
+            return NotImplemented
+        if (self.values is None) != (other.values is None):
+            return False
+        return (
+            self.job == other.job
+            and self.node == other.node
+            and self.ts == other.ts
+            and self.interval_s == other.interval_s
+            and self.labels == other.labels
+            and self.samples == other.samples
+            and self.events == other.events
+            and self.schema == other.schema
+            and (self.layout is None) == (other.layout is None)
+            and (self.layout is None or other.layout is None or self.layout.id == other.layout.id)
+            and (
+                self.values is None
+                or other.values is None
+                or bool(np.array_equal(self.values, other.values))
+            )
+        )
+
+    @property
+    def sample_count(self) -> int:
+        """Samples the batch carries, in either form."""
+        return len(self.samples) + (0 if self.values is None else len(self.values))
+
+    def all_samples(self) -> list[Sample]:
+        """The ``(metric, device, value)`` triples of either form (packed values widened to
+        float)."""
+        if self.layout is None or self.values is None:
+            return list(self.samples)
+        return [
+            *self.samples,
+            *zip(self.layout.metrics, self.layout.devices, self.values.tolist(), strict=True),
+        ]
 
     @property
     def group(self) -> str:

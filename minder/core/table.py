@@ -336,7 +336,8 @@ def batches_to_table(batches: Iterable[NodeBatch]) -> pd.DataFrame:
     group: list[str] = []
     domain: list[str] = []
     for batch in batches:
-        n = len(batch.samples)
+        samples = batch.all_samples()  # packed (schema 2) batches name their samples here
+        n = len(samples)
         if not n:
             continue
         ts.extend([batch.ts] * n)
@@ -344,7 +345,7 @@ def batches_to_table(batches: Iterable[NodeBatch]) -> pd.DataFrame:
         machine.extend([batch.node] * n)
         group.extend([batch.group] * n)
         domain.extend([batch.domain] * n)
-        for name, dev, val in batch.samples:
+        for name, dev, val in samples:
             metric.append(name)
             device.append(dev)
             value.append(val)

@@ -40,6 +40,7 @@ from minder.storage.jobs import (
     set_job_status,
     upsert_job_machines,
 )
+from minder.storage.layouts import SqlLayoutStore, load_layout, save_layout
 from minder.storage.migrate import (
     alembic_config,
     current_revisions,
@@ -82,6 +83,7 @@ __all__ = [
     "ScoreRow",
     "Session",
     "SessionFactory",
+    "SqlLayoutStore",
     "StatusTransitionError",
     "WhatIfRecord",
     "WhatIfStatus",
@@ -107,12 +109,14 @@ __all__ = [
     "list_jobs",
     "list_machines",
     "list_reports",
+    "load_layout",
     "mark_running",
     "normalise_url",
     "open_alerts",
     "parse_status",
     "parse_whatif_status",
     "record_alert",
+    "save_layout",
     "save_scores",
     "schema_is_current",
     "session_factory",

@@ -236,3 +236,18 @@ class JobSettingRow(Base):
     actions_enabled: Mapped[int] = mapped_column(Integer, default=1)
     updated_at: Mapped[float] = mapped_column(Double)
     updated_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+
+
+class WireLayoutRow(Base):
+    """A wire layout (schema 2) some worker learnt from a node's announcement, kept so that any
+    worker decodes that layout's batches before the node announces it again (a restart, a
+    partition taken over). Written once, never changed: the id is the hash of the definition.
+    """
+
+    __tablename__ = "wire_layouts"
+
+    # the 64-bit layout id as 16 lower-case hex digits (as logged: 0x…); portable, unsigned
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    # the definition as the wire carries it ("layout_def"); plain JSON, read whole only
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    first_seen_at: Mapped[float] = mapped_column(Double)

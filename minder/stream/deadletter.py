@@ -49,13 +49,18 @@ _REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"samples\[", "bad_sample"),
         (r"columns have", "bad_sample"),
         (r"events\[", "bad_event"),
+        (r"unknown layout", "unknown_layout"),
+        (r"layout_def pairs\[\d+\] has unknown metric", "unknown_metric"),
+        (r"layout_def", "bad_layout"),
+        (r"field 'values'", "bad_values"),
+        (r"values\[", "bad_sample"),
         (r"field ", "bad_field"),
         (r"envelope has both", "bad_field"),
     )
 )
 HANDLER_ERROR = "handler_error"
 REASON_CLASSES: tuple[str, ...] = (
-    *(name for _, name in _REASON_PATTERNS),
+    *dict.fromkeys(name for _, name in _REASON_PATTERNS),
     "invalid",
     DECODER_FAILURE,
     HANDLER_ERROR,

@@ -27,7 +27,7 @@ from kafka.errors import (
 )
 
 from minder.core.alert import Alert
-from minder.core.codec import DEFAULT_FORMAT, WireFormat, encode_batch
+from minder.core.codec import AGENT_FORMAT, BatchEncoder, WireFormat
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
 from minder.stream.security import connection_config
@@ -295,7 +295,9 @@ class BatchProducer(_Publisher):
     topic
         The metrics topic.
     fmt
-        Wire encoding (:mod:`minder.core.codec`).
+        Wire encoding (:mod:`minder.core.codec`): packed (schema 2, the default; each node's
+        layout inlined now and then by a :class:`~minder.core.codec.BatchEncoder`), or
+        ``msgpack`` / ``json`` (schema 1) for consumers older than schema 2.
     compression
         Kafka batch compression, one of :data:`COMPRESSION_TYPES`.
     linger_ms, batch_size
@@ -323,7 +325,7 @@ class BatchProducer(_Publisher):
         bootstrap: str,
         *,
         topic: str = METRICS_TOPIC,
-        fmt: WireFormat = DEFAULT_FORMAT,
+        fmt: WireFormat = AGENT_FORMAT,
         client_id: str = "minder-agent",
         compression: str | None = DEFAULT_COMPRESSION,
         linger_ms: int = 20,
@@ -350,6 +352,8 @@ class BatchProducer(_Publisher):
             client_options=client_options,
         )
         self.fmt = WireFormat(fmt)
+        self.encoder = BatchEncoder(self.fmt)
+        self._encode_lock = threading.Lock()  # the encoder remembers what each node announced
 
     @classmethod
     def from_settings(cls, settings: KafkaSettings, **overrides: Any) -> BatchProducer:
@@ -370,7 +374,14 @@ class BatchProducer(_Publisher):
         BrokerError
             The client could not queue it within ``max_block_ms``.
         """
-        self._produce(batch.job, encode_batch(batch, self.fmt))
+        with self._encode_lock:
+            value = self.encoder.encode(batch)
+        try:
+            self._produce(batch.job, value)
+        except BrokerError:
+            with self._encode_lock:  # the lost batch may have carried a layout: announce again
+                self.encoder.forget()
+            raise
 
 
 class JsonPublisher(_Publisher):

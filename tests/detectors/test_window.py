@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.window import NEVER, JobWindow
+from detectors.window import NEVER, JobWindow, WindowLimits
+from minder.core.codec import Decoder, WireFormat, encode_batch
 from minder.core.records import Event, EventKind, NodeBatch
 
 
@@ -51,3 +52,81 @@ def test_events_are_held_until_their_second_is_evaluated() -> None:
 def test_horizon_must_be_at_least_two() -> None:
     with pytest.raises(ValueError, match="horizon_s"):
         JobWindow("j", horizon_s=1)
+
+
+# -- packed batches (schema 2) and whole polls ---------------------------------------------------
+
+
+def _named(node: str, sec: int, gpus: int = 2, scale: float = 1.0) -> NodeBatch:
+    samples = [("gpu_util_ratio", f"gpu{g}", 0.01 * scale * (g + 1)) for g in range(gpus)]
+    samples += [("gpu_power_watts", f"gpu{g}", 100.0 * scale + g) for g in range(gpus)]
+    samples.append(("cpu_util_ratio", "", 0.025 * scale))
+    return NodeBatch("j", node, sec + 0.5, labels={"group": "pp0"}, samples=samples)
+
+
+def _packed(batch: NodeBatch, decoder: Decoder) -> NodeBatch:
+    return decoder.decode(encode_batch(batch, WireFormat.PACKED))
+
+
+def _state(w: JobWindow, sec: int) -> tuple[object, ...]:
+    view = w.window(sec, 8)
+    return (
+        [m.name for m in w.machines],
+        list(w.series),
+        np.nan_to_num(view, nan=-1.0).tolist(),
+        w.last_seen().tolist(),
+        w.machine_last_seen().tolist(),
+        w.joined_sec[: w.n_machines].tolist(),
+        w.departed[: w.n_machines].tolist(),
+        [(c.change, c.machines) for c in w.membership],
+        w.stats.samples,
+        dict(w.stats.rejected),
+    )
+
+
+def test_a_poll_of_packed_batches_fills_the_window_like_named_batches_one_by_one() -> None:
+    decoder = Decoder()
+    polls = [
+        [_named(f"m{m}", sec, gpus=2 if m != 3 or sec < 13 else 1, scale=1 + m) for m in range(6)]
+        for sec in range(10, 16)
+    ]
+    polls[3].append(  # a goodbye in the middle of a poll, then the machine comes back
+        NodeBatch("j", "m5", 13.6, events=[Event(EventKind.LEAVE, "", 13.6, message="bye")])
+    )
+    polls[4].insert(0, _named("m2", 12, scale=9))  # late, and of an older second
+    one_by_one, whole = JobWindow("j", horizon_s=8), JobWindow("j", horizon_s=8)
+    for poll in polls:
+        for batch in poll:
+            one_by_one.add_batch(batch)
+        whole.add_batches([_packed(b, decoder) if b.samples else b for b in poll])
+    assert _state(whole, 15) == _state(one_by_one, 15)
+    assert whole.n_machines == 6 and whole.n_series == 5
+    # m3 lost gpu1 at second 13 (its layout changed mid-stream): that series stops there.
+    gpu1 = whole.series_index[("gpu_util_ratio", "gpu1")]
+    assert np.isnan(whole.window(15, 3)[:, 3, gpu1]).all()
+    assert not np.isnan(whole.window(12, 1)[0, 3, gpu1])
+    assert [c.change for c in whole.take_membership()] == ["left", "joined"]
+
+
+def test_packed_layouts_map_to_series_once_and_respect_the_series_bound() -> None:
+    decoder = Decoder()
+    w = JobWindow("j", horizon_s=8, limits=WindowLimits(max_series_per_machine=3))
+    w.add_batches([_packed(_named("a", 10), decoder)])  # 5 pairs, 3 allowed
+    assert w.n_series == 3 and w.stats.rejected == {"too_many_series": 2}
+    assert w.stats.samples == 3
+    w = JobWindow("j", horizon_s=8)
+    calls: list[int] = []
+    add_arrays = w.add_arrays
+
+    def counted(sec: int, *args: np.ndarray, **kwargs: np.ndarray) -> int:
+        calls.append(sec)
+        return add_arrays(sec, *args, **kwargs)
+
+    w.add_arrays = counted  # type: ignore[method-assign]
+    batches = [_packed(_named(f"m{m}", 10 + m % 2, gpus=1 + m % 3), decoder) for m in range(50)]
+    w.add_batches(batches)
+    assert sorted(calls) == [10, 11]  # one call per second of the poll, whatever the layouts
+    assert len(w._packed_cache) == 3  # three layouts, each mapped once for all its machines
+    cpu = w.at(10)[:, w.series_index[("cpu_util_ratio", "")]]
+    np.testing.assert_allclose(cpu[::2], 0.025)  # machines of second 10
+    assert np.isnan(cpu[1::2]).all()

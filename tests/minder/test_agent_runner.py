@@ -24,7 +24,7 @@ import pytest
 from collectors.agent import Agent
 from collectors.base import Collected, ProblemLog
 from minder.agent_runner import AgentRunner, frame, unframe
-from minder.core.codec import decode_batch
+from minder.core.codec import WireFormat, decode_batch
 from minder.core.errors import DecodeError, ValidationError
 from minder.core.records import EventKind, NodeBatch
 from minder.stream.spool import HEADER_BYTES, Spool
@@ -173,7 +173,12 @@ def test_full_spool_drops_oldest_counts_them_and_delivers_the_newest(tmp_path: P
     agent = Agent([CountingSource()], job="job-a", node="node-1", labels={})
     record = len(frame("job-a", _encoded(agent))) + HEADER_BYTES
     capacity = 5
-    runner = _runner(tmp_path, lambda: FakeSender(delivered, up), max_bytes=capacity * record + 8)
+    runner = _runner(
+        tmp_path,
+        lambda: FakeSender(delivered, up),
+        max_bytes=capacity * record + 8,
+        fmt=WireFormat.MSGPACK,  # records of one size (packed ones inline their layout now and then)
+    )
     runner.start()
     _wait_for(lambda: runner.stats.collections >= 30, "collections during the outage")
     assert len(runner.spool) <= capacity
@@ -428,7 +433,8 @@ def test_a_clean_stop_sends_one_goodbye_after_the_last_data_batch(tmp_path: Path
     assert {key for key, _value in delivered} == {"job-a"}
     *data, goodbye = batches
     assert len(data) == runner.stats.collections
-    assert all(b.samples and not b.events for b in data)
+    assert all(b.sample_count and not b.events for b in data)
+    assert {b.schema for b in batches} == {2}  # packed by default
     assert goodbye.samples == [] and len(goodbye.events) == 1
     event = goodbye.events[0]
     assert event.kind is EventKind.LEAVE and event.device == ""
@@ -661,6 +667,7 @@ def test_tiny_spool_while_broker_down_drops_oldest_and_delivers_newest(
         interval_s=0.02,
         max_bytes=capacity * record,
         final_flush_s=20.0,
+        fmt=WireFormat.MSGPACK,  # records of one size, as _encoded measures them
     )
     runner.start()
     _wait_for(lambda: runner.stats.collections >= 80, "collections while the broker is down")
@@ -774,3 +781,26 @@ def test_sigterm_goodbye_reaches_the_consumer_after_the_last_data_batch(
     assert goodbye.events[0].message == "agent stopped: SIGTERM"
     assert _first_seen(received[:-1]) == list(range(total))
     assert (goodbye.job, goodbye.node) == ("job-a", "node-1")
+
+
+def test_a_batch_lost_before_the_spool_does_not_take_its_layout_with_it(tmp_path: Path) -> None:
+    """The first batch (it carries the layout) fails to spool: the next one announces it."""
+    import msgpack
+
+    runner = _runner(tmp_path, None)
+    real_append = runner.spool.append
+    calls = itertools.count()
+
+    def append(record: bytes) -> int:
+        if next(calls) == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(record)
+
+    runner.spool.append = append  # type: ignore[method-assign]
+    runner.collect_and_spool()  # lost
+    runner.collect_and_spool()
+    assert runner.stats.spool_errors == 1
+    records = runner.spool.peek_many(10)
+    assert len(records) == 1
+    _job, payload = unframe(records[0].payload)
+    assert "layout_def" in msgpack.unpackb(payload)

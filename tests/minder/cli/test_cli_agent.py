@@ -494,3 +494,12 @@ def test_bad_kafka_options_exit_2_in_one_line_without_secrets(
     assert expected in lines[0]
     assert AGENT_SECRET not in result.output
     assert not (tmp_path / "spool").exists()  # refused before anything started
+
+
+def test_wire_format_choices_are_the_codec_formats() -> None:
+    from minder.cli.agent import WireFormatChoice
+    from minder.core.codec import AGENT_FORMAT, WireFormat
+
+    assert [c.value for c in WireFormatChoice] == [AGENT_FORMAT.value] + [
+        f.value for f in WireFormat if f is not AGENT_FORMAT
+    ]

@@ -15,7 +15,9 @@ from minder.storage import (
     database_status,
     head_revisions,
     list_alerts,
+    load_layout,
     record_alert,
+    save_layout,
     schema_is_current,
     session_factory,
     upgrade_database,
@@ -34,9 +36,11 @@ TABLES = {
     "action_audit",
     "breakers",
     "job_settings",
+    "wire_layouts",
 }
-HEAD = frozenset({"0003"})
+HEAD = frozenset({"0004"})
 NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
+NEW_IN_0004 = {"wire_layouts"}
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -146,8 +150,8 @@ def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
         command.downgrade(config, "0001")
     assert current_revisions(empty_engine) == frozenset({"0001"})
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & {"whatif_reports", *NEW_IN_0003}
-    assert TABLES - {"whatif_reports", *NEW_IN_0003} <= tables
+    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004}
+    assert TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004} <= tables
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
 
@@ -166,8 +170,27 @@ def test_outbox_migration_downgrades_to_0002_keeping_alerts(empty_engine: Engine
         config.attributes["connection"] = connection
         command.downgrade(config, "0002")
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & NEW_IN_0003 and "whatif_reports" in tables
+    assert not tables & (NEW_IN_0003 | NEW_IN_0004) and "whatif_reports" in tables
     upgrade_database(empty_engine)
     assert set(inspect(empty_engine).get_table_names()) >= NEW_IN_0003
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
+
+
+def test_wire_layouts_migration_downgrades_to_0003_and_upgrades_again(empty_engine: Engine) -> None:
+    upgrade_database(empty_engine, "0003")
+    assert "wire_layouts" not in inspect(empty_engine).get_table_names()
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    sessions = session_factory(empty_engine)
+    with sessions.begin() as session:
+        assert save_layout(session, 2**64 - 1, {"metrics": ["cpu_util_ratio"]})
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0003")
+    tables = set(inspect(empty_engine).get_table_names())
+    assert "wire_layouts" not in tables and tables >= NEW_IN_0003
+    upgrade_database(empty_engine)
+    with sessions() as session:
+        assert load_layout(session, 2**64 - 1) is None  # the layouts went with the table

@@ -7,6 +7,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 from minder.core.records import NodeBatch, Sample
@@ -156,3 +157,16 @@ def make_batch() -> BatchFactory:
 def consume_until() -> ConsumeUntil:
     """``consume_until(consumer, handler, done, timeout_s=20)``."""
     return _consume_until
+
+
+def _wire_view(batch: NodeBatch) -> tuple[object, ...]:
+    """What a batch carries, comparable across encodings: packed batches (schema 2, the
+    producers' default) hold float32 values, so every value is compared as a float32."""
+    samples = [(m, d, float(np.float32(v))) for m, d, v in batch.all_samples()]
+    return (batch.job, batch.node, batch.ts, batch.interval_s, batch.labels, samples, batch.events)
+
+
+@pytest.fixture
+def wire_view() -> Callable[[NodeBatch], tuple[object, ...]]:
+    """``wire_view(batch)``: the batch's content, comparable whatever its encoding."""
+    return _wire_view

@@ -30,7 +30,7 @@ T0 = 1_700_000_000.0
 
 
 def test_round_trip_keeps_every_batch_and_the_order_within_a_job(
-    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, consume_until
+    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, consume_until, wire_view
 ) -> None:
     metrics, _ = topics
     sent: dict[str, list[NodeBatch]] = defaultdict(list)
@@ -71,7 +71,13 @@ def test_round_trip_keeps_every_batch_and_the_order_within_a_job(
         assert consumer.assignment() == {(metrics, p) for p in range(3)}
         stats = consumer.stats
 
-    assert received == sent  # same batches, and each job's in the order sent
+    # Same batches, and each job's in the order sent.
+    assert {job: [wire_view(b) for b in batches] for job, batches in received.items()} == {
+        job: [wire_view(b) for b in batches] for job, batches in sent.items()
+    }
+    assert {b.schema for b in received["job0"]} == {2} and {b.schema for b in received["job3"]} == {
+        1
+    }
     (with_event,) = [b for b in received["job1"] if b.events]
     assert with_event.events == [Event(EventKind.XID, "gpu3", T0 + 3, code=79, message="fell off")]
     assert sum(calls) == 60
