@@ -59,6 +59,13 @@ class KafkaSettings(BaseModel):
     # Tansu holds a group join for about half the session timeout: 6 s keeps joins near 3 s.
     session_timeout_ms: int = Field(6_000, ge=1_000)
     heartbeat_interval_ms: int = Field(1_000, ge=100)
+    # One poll is one detection pass and one offset commit: larger polls amortise both
+    # (bench/ingest_e2e.py; figures in bench/RESULTS.md "Ingest end to end").
+    max_poll_records: int = Field(5000, ge=1, description="most batches one poll hands over")
+    max_partition_fetch_bytes: int = Field(
+        8 << 20, ge=1024, description="most bytes one fetch brings back per partition"
+    )
+    fetch_max_bytes: int = Field(50 << 20, ge=1024, description="most bytes one fetch brings back")
     publish_alerts: bool | None = Field(
         None,
         description="publish alerts on the alerts topic; none = when Kafka is a metrics source "

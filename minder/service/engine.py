@@ -21,10 +21,23 @@ from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
 from minder.core.records import NodeBatch
+from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter
 from minder.service.telemetry import ServiceMetrics
+
+__all__ = [
+    "AlertSink",
+    "DetectionService",
+    "JobSnapshot",
+    "JobState",
+    "MachineSnapshot",
+    "ServiceLimits",
+    "StateStore",
+]
 
 logger = logging.getLogger(__name__)
 
+_OPEN_ALERT_QUERIES = 8
+"""New jobs in one ingest call whose open alerts are read one query each; more: one query."""
 _NAMING_KINDS = frozenset({AlertKind.RULE.value, AlertKind.SILENCE.value})
 """Open alerts of these kinds name a machine's fault: a similarity alert on it adds nothing."""
 
@@ -53,29 +66,6 @@ class StateStore(Protocol):
     def open_alert_counts(self, job: str | None = None) -> dict[tuple[str, str, str], int]:
         """Alerts not yet resolved per ``(job, machine, kind)`` (of ``job``, or of every job)."""
         ...
-
-
-@dataclass(slots=True)
-class MachineSnapshot:
-    """A machine's current top score and the metric/device behind it."""
-
-    machine: str
-    group: str
-    domain: str
-    last_seen_ts: float
-    score: float
-    metric: str
-    device: str
-    per_metric: dict[str, tuple[float, str]] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class JobSnapshot:
-    """What the service knows of one job at one second."""
-
-    job: str
-    ts: float
-    machines: list[MachineSnapshot]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +112,11 @@ class DetectionService:
     store
         Durable state; when given, only alerts it reports as new reach the sinks.
     persist_every_s
-        How often (data seconds) job snapshots are written to ``store``.
+        How often (data seconds) a job's state is captured for ``store``.
+    writer
+        Writes the captured state (only the machines that changed): the service stack runs
+        one in a thread of its own, so no database write happens in the poll loop. ``None``
+        with a ``store``: one that writes at once, in the loop (tests, tools).
     idle_job_s
         A job silent this long (wall clock) is dropped from memory.
     """
@@ -140,18 +134,23 @@ class DetectionService:
         max_future_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         limits: ServiceLimits | None = None,
+        writer: StateWriter | None = None,
     ) -> None:
         self.factory = factory
         self.grace_s = grace_s
         self.metrics = metrics or ServiceMetrics()
         self.sinks = list(sinks)
         self.store = store
+        if writer is None and store is not None:
+            writer = StateWriter(store, self.metrics, background=False)
+        self.writer = writer
         self.persist_every_s = persist_every_s
         self.idle_job_s = idle_job_s
         self.max_future_s = max_future_s
         self.clock = clock
         self.limits = limits or ServiceLimits()
         self._exported_scores: dict[str, set[str]] = {}
+        self._exported_lateness: dict[str, set[tuple[str, str]]] = {}
         self._refused_once: set[str] = set()
         # Alerts the store could not take yet: retried every tick, so none is lost to a
         # passing database outage (the detector raises each fault once).
@@ -159,6 +158,9 @@ class DetectionService:
         self.max_unstored = 10_000
         self._future_nodes: set[tuple[str, str]] = set()
         self.jobs: dict[str, JobState] = {}
+        # Alerts raised while a long ingest call was evaluated part-way (see ingest), returned
+        # by the next tick.
+        self._caught_up: list[Alert] = []
         self.alerts: list[Alert] = []
         """Every new alert this service raised, oldest first (bounded by ``max_kept``)."""
         self.max_kept = 10_000
@@ -173,11 +175,18 @@ class DetectionService:
 
     # -- ingest -----------------------------------------------------------------------------
     def ingest(self, batches: Iterable[NodeBatch]) -> int:
-        """Place decoded batches in their job windows; returns how many were placed."""
+        """Place decoded batches in their job windows; returns how many were placed.
+
+        Each job's batches of the call go to its window at once (:meth:`JobWindow.add_batches`:
+        one ``add_arrays`` per second and layout), in the order they came.
+        """
         placed = 0
+        samples = 0
         now_wall = self.clock()
         newest_ts = -math.inf
         newest_of: dict[str, float] = {}
+        of_job: dict[str, list[NodeBatch]] = {}
+        new_jobs: list[str] = []
         for batch in batches:
             if batch.ts > now_wall + self.max_future_s:
                 # One node with a clock far ahead would drag its job's watermark forward and make
@@ -205,17 +214,29 @@ class DetectionService:
                 window = JobWindow(batch.job, detector.horizon_s, limits=self.limits.window)
                 state = JobState(window, detector, first_batch_wall=now_wall)
                 self.jobs[batch.job] = state
-                self._load_open_alerts(batch.job)
+                new_jobs.append(batch.job)
                 logger.info("new job %s", batch.job[:64])
-            before = state.window.stats.too_old
-            state.window.add_batch(batch)
-            state.last_batch_wall = now_wall
-            self.metrics.samples_too_old.inc(state.window.stats.too_old - before)
-            self.metrics.samples.inc(len(batch.samples))
+            job_batches = of_job.get(batch.job)
+            if job_batches is None:
+                of_job[batch.job] = job_batches = []
+            job_batches.append(batch)
+            samples += batch.sample_count
             newest_ts = max(newest_ts, batch.ts)
             if batch.ts > newest_of.get(batch.job, -math.inf):
                 newest_of[batch.job] = batch.ts
             placed += 1
+        self._load_open_alerts(new_jobs)
+        too_old = 0
+        for job, job_batches in of_job.items():
+            state = self.jobs[job]
+            window = state.window
+            before = window.stats.too_old
+            state.last_batch_wall = now_wall
+            self._add_to_window(state, job_batches, newest_of[job])
+            too_old += window.stats.too_old - before
+        if too_old:
+            self.metrics.samples_too_old.inc(too_old)
+        self.metrics.samples.inc(samples)
         self.metrics.batches.inc(placed)
         for job, ts in newest_of.items():
             state = self.jobs[job]
@@ -231,6 +252,26 @@ class DetectionService:
         if placed:
             self.metrics.lag.set(max(0.0, now_wall - newest_ts))
         return placed
+
+    def _add_to_window(self, state: JobState, batches: list[NodeBatch], newest: float) -> None:
+        """Place one job's batches of an ingest call; evaluate part-way through a call whose
+        data spans more than half the job's window (a backlog drained in large polls: a small
+        job's packed batches can fill a poll with minutes of data), so no second falls out of
+        the window before it was evaluated. Alerts raised then come with the next tick."""
+        window = state.window
+        half = max(1, window.horizon_s // 2)
+        base = window.newest_sec if window.newest_sec != NEVER else math.floor(batches[0].ts)
+        if newest - base <= half:
+            window.add_batches(batches)
+            return
+        start = 0
+        for i, batch in enumerate(batches):
+            if batch.ts - base > half:
+                if i > start:
+                    window.add_batches(batches[start:i])
+                    self._caught_up.extend(self._advance(state))
+                start, base = i, math.floor(batch.ts)
+        window.add_batches(batches[start:])
 
     def _refuse_new_job(self, batch: NodeBatch, now_wall: float) -> str | None:
         """Why a batch may not start a new job (None: it may): a job id too long, too many jobs
@@ -273,7 +314,7 @@ class DetectionService:
     def tick(self) -> list[Alert]:
         """Evaluate every job up to its watermark; return the new alerts."""
         self._retry_unstored()
-        new_alerts: list[Alert] = []
+        new_alerts, self._caught_up = self._caught_up, []
         for job, state in list(self.jobs.items()):
             if self.clock() - state.last_batch_wall > self.idle_job_s:
                 self._retire(job)
@@ -378,22 +419,30 @@ class DetectionService:
         if slowdown is not None:
             self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
 
-    def _load_open_alerts(self, job: str) -> None:
-        """What the store knows is open for ``job``: no second alert for those machines."""
-        if self.store is None:
+    def _load_open_alerts(self, jobs: list[str]) -> None:
+        """What the store knows is open for the new ``jobs``: no second alert for those
+        machines. One query per job, or one for every job when many start at once (a worker
+        taking partitions over, or a flood of job ids), so the loop does not wait for
+        thousands of queries."""
+        if self.store is None or not jobs:
             return
         try:
-            keys = self.store.open_alert_counts(job)
+            if len(jobs) <= _OPEN_ALERT_QUERIES:
+                keys = {k: n for job in jobs for k, n in self.store.open_alert_counts(job).items()}
+            else:
+                keys = self.store.open_alert_counts()
         except Exception as exc:
-            logger.warning("cannot load the open alerts of job %s: %s", job, exc)
+            logger.warning("cannot load the open alerts of %d new job(s): %s", len(jobs), exc)
             return
-        by_machine: dict[str, set[str]] = {}
-        for _, machine, kind in keys:
-            by_machine.setdefault(machine, set()).add(kind)
-        self._open_by_machine[job] = by_machine
-        if by_machine:
-            logger.info("job %s: %d machine(s) already alerted, not alerted again while open",
-                        job, len(by_machine))  # fmt: skip
+        by_job: dict[str, dict[str, set[str]]] = {job: {} for job in jobs}
+        for job, machine, kind in keys:
+            if job in by_job:
+                by_job[job].setdefault(machine, set()).add(kind)
+        for job, by_machine in by_job.items():
+            self._open_by_machine[job] = by_machine
+            if by_machine:
+                logger.info("job %s: %d machine(s) already alerted, not alerted again while open",
+                            job[:64], len(by_machine))  # fmt: skip
 
     def _already_alerted(self, alert: Alert) -> bool:
         """A similarity alert on a machine that a hard-fault rule or silence alert already
@@ -479,60 +528,67 @@ class DetectionService:
     # -- state ------------------------------------------------------------------------------
     def snapshot(self, job: str) -> JobSnapshot:
         """Current machines and scores of ``job`` (KeyError if unknown)."""
+        return self.capture(job).snapshot()
+
+    def capture(self, job: str) -> JobCapture:
+        """``job``'s machines and scores now, detached from its window (KeyError if unknown):
+        numpy copies, a few milliseconds for 10,000 machines."""
         state = self.jobs[job]
         window = state.window
         scores = state.detector.machine_scores()
-        last_seen = window.machine_last_seen()
-        devices_of = {metric: window.columns_of(metric)[1] for metric in scores}
-        machines = []
-        for m, info in enumerate(window.machines):
-            per_metric: dict[str, tuple[float, str]] = {}
-            for metric, (tops, devs) in scores.items():
-                if m < len(tops):
-                    devices, d = devices_of[metric], devs[m]
-                    per_metric[metric] = (
-                        float(tops[m]),
-                        devices[d] if 0 <= d < len(devices) else "",
-                    )
-            best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
-            machines.append(
-                MachineSnapshot(
-                    machine=info.name,
-                    group=info.group,
-                    domain=info.domain,
-                    last_seen_ts=float(last_seen[m]) if last_seen[m] != NEVER else 0.0,
-                    score=best[1][0],
-                    metric=best[0],
-                    device=best[1][1],
-                    per_metric=per_metric,
-                )
-            )
-        return JobSnapshot(job=job, ts=float(state.evaluated_sec), machines=machines)
+        last_seen = window.machine_last_seen().astype(np.float64)
+        last_seen[last_seen == NEVER] = 0.0
+        return JobCapture.build(
+            job,
+            float(state.evaluated_sec),
+            [(m.name, m.group, m.domain) for m in window.machines],
+            last_seen,
+            scores,
+            {metric: window.columns_of(metric)[1] for metric in scores},
+        )
 
     def _persist(self, state: JobState, sec: int) -> None:
-        self._last_persist[state.window.job] = sec
-        snapshot = self.snapshot(state.window.job)
+        """Export the job's top scores and hand its state to the writer (no database write
+        here: the service's writer runs in a thread of its own)."""
+        job = state.window.job
+        self._last_persist[job] = sec
+        capture = self.capture(job)
         # The top-k machines of each job only: a series per machine of a 10,000-machine job
         # would swamp Prometheus; the store keeps every machine's score.
-        top = sorted(snapshot.machines, key=lambda m: m.score, reverse=True)
-        top = top[: self.limits.top_k_scores]
-        shown = {m.machine for m in top}
-        for gone in self._exported_scores.get(snapshot.job, set()) - shown:
+        top = capture.top(self.limits.top_k_scores)
+        shown = {name for name, _ in top}
+        for gone in self._exported_scores.get(job, set()) - shown:
             with contextlib.suppress(KeyError):
-                self.metrics.machine_score.remove(snapshot.job, gone)
-        for machine in top:
-            self.metrics.machine_score.labels(snapshot.job, machine.machine).set(machine.score)
-        self._exported_scores[snapshot.job] = shown
-        if self.store is None:
-            return
-        try:
-            self.store.save_job(snapshot)
-        except Exception:
-            logger.exception("could not save the state of job %s", snapshot.job)
+                self.metrics.machine_score.remove(job, gone)
+        for name, score in top:
+            self.metrics.machine_score.labels(job, name).set(score)
+        self._exported_scores[job] = shown
+        self._export_lateness(state)
+        if self.writer is not None:
+            self.writer.submit(capture)
+
+    def _export_lateness(self, state: JobState) -> None:
+        """``minder_rank_lateness_seconds``: the job's latest ranks only, as many as machine
+        scores (the top-k), so a job of 10,000 ranks stays a handful of series."""
+        job = state.window.job
+        late_ranks = getattr(state.detector, "late_ranks", None)
+        late = late_ranks(self.limits.top_k_scores) if late_ranks is not None else []
+        shown = {(rank.machine, rank.device) for rank in late}
+        for machine, device in self._exported_lateness.get(job, set()) - shown:
+            with contextlib.suppress(KeyError):
+                self.metrics.rank_lateness.remove(job, machine, device)
+        for rank in late:
+            self.metrics.rank_lateness.labels(job, rank.machine, rank.device).set(rank.seconds)
+        self._exported_lateness[job] = shown
 
     def _retire(self, job: str) -> None:
         self.jobs.pop(job)
         logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
         self.metrics.forget_job(job, sorted(self._exported_scores.pop(job, set())))
+        for machine, device in self._exported_lateness.pop(job, set()):
+            with contextlib.suppress(KeyError):
+                self.metrics.rank_lateness.remove(job, machine, device)
         self._open_by_machine.pop(job, None)
         self._last_persist.pop(job, None)
+        if self.writer is not None:
+            self.writer.forget(job)

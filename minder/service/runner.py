@@ -32,6 +32,7 @@ class DetectionWorker:
         self._seen_failed: Counter[str] = Counter()
         self._seen_retries = (0, 0, 0)
         self._lag_keys: set[tuple[str, int]] = set()
+        self._offset_keys: set[tuple[str, int]] = set()
         service.metrics.init_reasons(REASON_CLASSES)
         self.polls = 0
 
@@ -68,12 +69,16 @@ class DetectionWorker:
         metrics.handler_failures.inc(stats.handler_failures - handler_failed)
         metrics.messages_skipped.inc(stats.skipped - skipped)
         self._seen_retries = (stats.deadletter_failures, stats.handler_failures, stats.skipped)
-        backlog = stats.backlog_by_partition
+        backlog, offsets = stats.backlog_by_partition, stats.offset_by_partition
         for (topic, partition), count in backlog.items():
             metrics.consumer_lag.labels(topic, str(partition)).set(count)
+        for (topic, partition), offset in offsets.items():
+            metrics.consumer_offset.labels(topic, str(partition)).set(offset)
         for topic, partition in self._lag_keys - set(backlog):
             metrics.consumer_lag.remove(topic, str(partition))
-        self._lag_keys = set(backlog)
+        for topic, partition in self._offset_keys - set(offsets):
+            metrics.consumer_offset.remove(topic, str(partition))
+        self._lag_keys, self._offset_keys = set(backlog), set(offsets)
         metrics.assigned_partitions.set(stats.assigned_partitions)
 
     @property

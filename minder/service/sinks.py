@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from minder.core.alert import Alert
-from minder.service.engine import JobSnapshot
+from minder.service.persistence import JobSnapshot, MachineSnapshot
 from minder.storage.alerts import count_active_alerts_by_machine
 from minder.storage.engine import SessionFactory, read_only
-from minder.storage.jobs import save_scores, upsert_job_machines
+from minder.storage.jobs import (
+    save_scores,
+    set_top_scores,
+    upsert_job_machines,
+    upsert_scores,
+)
 from minder.storage.outbox import Destination, record_alert_with_events
 from minder.storage.records import MachineInfo, ScoreRow
 
@@ -46,20 +51,47 @@ class SqlStateStore:
             return count_active_alerts_by_machine(read_only(session), job)
 
     def save_job(self, job: JobSnapshot) -> None:
-        machines = [
-            MachineInfo(
-                name=m.machine,
-                group=m.group,
-                domain=m.domain,
-                last_seen_ts=m.last_seen_ts or None,
-            )
-            for m in job.machines
-        ]
-        rows = [
-            ScoreRow(machine=m.machine, metric=metric, score=score, device=device)
-            for m in job.machines
-            for metric, (score, device) in m.per_metric.items()
-        ]
+        """Replace the job's machines and current scores (machines not listed are kept)."""
+        machines, rows = _rows(job.machines)
         with self.sessions.begin() as session:
             upsert_job_machines(session, job.job, machines, job.ts)
             save_scores(session, job.job, rows, job.ts)
+
+    def save_changes(
+        self,
+        job: str,
+        ts: float,
+        machines: Sequence[MachineSnapshot],
+        scores: Sequence[tuple[str, str, float, str]],
+        removed: Sequence[tuple[str, str]],
+    ) -> None:
+        """Write what changed in ``job``: the machine rows (labels, last seen, top score) of
+        ``machines``, the ``scores`` that moved and the ``removed`` ones; the rest is kept."""
+        infos, _ = _rows(machines)
+        tops = {
+            m.machine: ScoreRow(m.machine, m.metric, m.score, m.device) if m.metric else None
+            for m in machines
+        }
+        with self.sessions.begin() as session:
+            if infos:
+                upsert_job_machines(session, job, infos, ts)
+            if scores or removed:
+                upsert_scores(session, job, scores, ts, removed=removed)
+            if tops:
+                set_top_scores(session, job, tops, ts)
+
+
+def _rows(machines: Iterable[MachineSnapshot]) -> tuple[list[MachineInfo], list[ScoreRow]]:
+    infos: list[MachineInfo] = []
+    rows: list[ScoreRow] = []
+    for m in machines:
+        infos.append(
+            MachineInfo(
+                name=m.machine, group=m.group, domain=m.domain, last_seen_ts=m.last_seen_ts or None
+            )
+        )
+        rows.extend(
+            ScoreRow(machine=m.machine, metric=metric, score=score, device=device)
+            for metric, (score, device) in m.per_metric.items()
+        )
+    return infos, rows

@@ -19,15 +19,18 @@ from prometheus_client import CollectorRegistry
 from minder.api.app import create_app
 from minder.config import Settings
 from minder.core.alert import Alert
+from minder.core.codec import layout_cache
 from minder.core.errors import MinderError
 from minder.core.records import NodeBatch
 from minder.service.delivery import Delivery, build_delivery
 from minder.service.engine import DetectionService
+from minder.service.persistence import StateWriter
 from minder.service.prometheus_source import PrometheusPoller
 from minder.service.runner import DetectionWorker
 from minder.service.sinks import SqlStateStore
 from minder.service.telemetry import ServiceMetrics
 from minder.storage.engine import Engine, create_engine_for, session_factory
+from minder.storage.layouts import SqlLayoutStore
 from minder.storage.migrate import upgrade_database
 from minder.stream.consumer import BatchConsumer
 from minder.stream.topics import check_reachable, ensure_topics
@@ -69,6 +72,9 @@ class Stack:
     engine: Engine | None = None
     poller: PrometheusPoller | None = None
     server: uvicorn.Server | None = None
+    writer: StateWriter | None = None
+    layout_store: SqlLayoutStore | None = None
+    """The store the module-wide decoder's layout cache uses (while Kafka is a source)."""
     _threads: list[threading.Thread] = field(default_factory=list)
 
     @property
@@ -79,6 +85,8 @@ class Stack:
         """Start the outbox workers, the sources (Kafka worker, Prometheus poller) and
         (optionally) the HTTP API; wait until the API answers."""
         self.delivery.start()
+        if self.writer is not None:
+            self.writer.start()
         if self.worker is not None:
             self.worker.start()
         if self.poller is not None:
@@ -119,8 +127,12 @@ class Stack:
             self.poller.stop()
         if self.worker is not None:
             self.worker.stop()
+        if self.writer is not None:
+            self.writer.close()  # writes the job state still pending
         self.delivery.stop()
         if self.engine is not None:
+            if self.layout_store is not None and layout_cache().store is self.layout_store:
+                layout_cache().store = None  # its engine is going; another stack sets its own
             self.engine.dispose()
 
 
@@ -168,6 +180,9 @@ def build_stack(
         engine.dispose()
         raise
     store = SqlStateStore(sessions, delivery.destinations, on_enqueued=delivery.hub.wake)
+    # Job state (machines, current scores) is written by a thread of its own, never in the
+    # poll loop, and only for the machines that changed.
+    writer = StateWriter(store, metrics)
     service_type = SharedDetectionService if source == "both" else DetectionService
     service = service_type(
         factory,
@@ -175,6 +190,7 @@ def build_stack(
         grace_s=settings.detection.grace_s,
         metrics=metrics,
         store=store,
+        writer=writer,
     )
     worker: DetectionWorker | None = None
     poller: PrometheusPoller | None = None
@@ -192,6 +208,14 @@ def build_stack(
         delivery.stop()
         engine.dispose()
         raise
+    layout_store: SqlLayoutStore | None = None
+    if worker is not None:
+        # Wire layouts go through the shared database: a worker that restarts or takes a
+        # partition over decodes the nodes' packed batches at once (docs/architecture.md §3.2).
+        # A new layout is saved synchronously in the poll loop: that happens once per distinct
+        # layout per process (nodes alike share one), so it is rare.
+        layout_store = SqlLayoutStore(sessions)
+        layout_cache().store = layout_store
 
     def readiness() -> dict[str, bool]:
         # Detection stalled for a job whose data still arrives: not ready (a frozen clock, a
@@ -220,4 +244,15 @@ def build_stack(
         destinations=delivery.destinations,
         on_enqueued=delivery.hub.wake,
     )
-    return Stack(settings, metrics, service, worker, app, delivery, engine, poller=poller)
+    return Stack(
+        settings,
+        metrics,
+        service,
+        worker,
+        app,
+        delivery,
+        engine,
+        poller=poller,
+        writer=writer,
+        layout_store=layout_store,
+    )

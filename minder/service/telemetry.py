@@ -9,11 +9,15 @@ their number follows the jobs and machines this worker watches.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from minder import __version__
 from minder.core.alert import AlertKind
+from minder.core.codec import LayoutCache, layout_cache
 
 JOB_LABEL = "job_id"
 """The label that names Minder's job (``job`` belongs to Prometheus' scrape configuration)."""
@@ -95,7 +99,16 @@ class ServiceMetrics:
         )
         self.consumer_lag = Gauge(
             "minder_consumer_lag_messages",
-            "Messages of an assigned partition not consumed yet (high watermark - position)",
+            "Messages of an assigned partition not consumed yet (high watermark - "
+            "minder_consumer_offset), also while its polls are retried",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.consumer_offset = Gauge(
+            "minder_consumer_offset",
+            "Next offset of an assigned partition this worker will consume (after its last "
+            "handled poll; what it commits). Standing still while minder_consumer_lag_messages "
+            "grows: the partition is stuck",
             ["topic", "partition"],
             registry=r,
         )
@@ -154,6 +167,13 @@ class ServiceMetrics:
             [JOB_LABEL],
             registry=r,
         )
+        self.rank_lateness = Gauge(
+            "minder_rank_lateness_seconds",
+            "How long the rank's peers waited for it per step (train_lateness_seconds, derived "
+            "from the ranks' collective times); the latest ranks of each job only",
+            [JOB_LABEL, "machine", "device"],
+            registry=r,
+        )
         self.job_interval = Gauge(
             "minder_job_sampling_interval_seconds",
             "Sampling interval the job's detection follows (learnt from its data)",
@@ -178,6 +198,32 @@ class ServiceMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
+        # Job state written off the poll loop (minder/service/persistence.py)
+        self.state_writes = Counter(
+            "minder_state_writes_total",
+            "Writes of job state (machines, current scores) to the database, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.state_write_seconds = Histogram(
+            "minder_state_write_seconds",
+            "Wall time of one write of a job's changed machines (in the state writer's thread)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self.state_machines_written = Counter(
+            "minder_state_machines_written_total",
+            "Machines whose state was written (only those that changed)",
+            registry=r,
+        )
+        self.state_captures_superseded = Counter(
+            "minder_state_captures_superseded_total",
+            "Job state captures replaced by a newer one before they were written (the writer "
+            "is behind; the newer one carries their changes)",
+            registry=r,
+        )
+        for outcome in ("ok", "error"):
+            self.state_writes.labels(outcome=outcome)
         for kind in AlertKind:
             self.alerts.labels(kind=kind.value)
         for change in ("joined", "left", "left_together", "quiet"):
@@ -193,6 +239,7 @@ class ServiceMetrics:
         ):
             self.rejected.labels(reason=reason)
         self.init_store()
+        r.register(LayoutStoreCollector(layout_cache()))
 
     def init_store(self) -> None:
         """Export the alert store's outcomes from the start (at 0), so rates exist before
@@ -221,3 +268,31 @@ class ServiceMetrics:
         for gauge in gauges:
             with contextlib.suppress(KeyError):
                 gauge.remove(job)
+
+
+class LayoutStoreCollector(Collector):
+    """``minder_layout_store_total{outcome}``: what the decoder's layout store did (read from the
+    cache's own counters at each scrape, so nothing in the poll loop keeps them up to date)."""
+
+    def __init__(self, cache: LayoutCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        cache = self.cache
+        family = CounterMetricFamily(
+            "minder_layout_store",
+            "Wire layouts the decoder loaded from the shared database (loaded: batches decoded "
+            "that a restarted or new partition owner would have dead-lettered), saved to it, "
+            "looked up in vain (not_found), found there but invalid, and store calls that "
+            "failed (error)",
+            labels=["outcome"],
+        )
+        for outcome, value in (
+            ("loaded", cache.store_loaded),
+            ("saved", cache.store_saved),
+            ("not_found", cache.store_misses),
+            ("invalid", cache.store_refused),
+            ("error", cache.store_failures),
+        ):
+            family.add_metric([outcome], value)
+        yield family

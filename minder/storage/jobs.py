@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, case, delete, func, select, update
+from sqlalchemy import Table, bindparam, case, delete, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
@@ -205,6 +205,107 @@ def save_scores(
         For a malformed row or a non-finite score (nothing is changed then).
     """
     check_name(job, "job")
+    best, top = _best_rows(rows)
+    _touch_job(session, job, ts, time.time())
+    session.execute(delete(_SCORES).where(_SCORES.c.job == job))
+    _insert_scores(session, job, best, ts)
+    session.execute(
+        update(_MACHINES)
+        .where(_MACHINES.c.job == job, _MACHINES.c.top_score.is_not(None))
+        .values(top_score=None, top_metric=None, top_device=None, score_ts=None)
+    )
+    _upsert_tops(session, job, top, ts)
+    session.flush()
+    return len(best)
+
+
+_IN_CHUNK = 5_000  # items per IN (...) list: SQLite allows 32,766 parameters per statement
+
+
+def upsert_scores(
+    session: Session,
+    job: str,
+    rows: Iterable[ScoreRow | Mapping[str, Any] | tuple[Any, ...]],
+    ts: float,
+    *,
+    removed: Iterable[tuple[str, str]] = (),
+) -> int:
+    """Set the current score of each (machine, metric) of ``rows``, computed at data time
+    ``ts``, and delete the ``(machine, metric)`` scores in ``removed``; every other score is
+    kept. The service writes only the scores that changed. Machines' ``top_*`` are not
+    touched (:func:`set_top_scores`); unknown machines are not registered.
+
+    Returns
+    -------
+    int
+        The number of score rows written.
+
+    Raises
+    ------
+    ValidationError
+        For a malformed row, a non-finite score or a bad name (nothing is changed then).
+    """
+    check_name(job, "job")
+    best, _ = _best_rows(rows)
+    gone = sorted({(check_name(m, "machine"), metric) for m, metric in removed})
+    _touch_job(session, job, ts, time.time())
+    for lo in range(0, len(gone), _IN_CHUNK):
+        chunk = gone[lo : lo + _IN_CHUNK]
+        session.execute(
+            delete(_SCORES).where(
+                _SCORES.c.job == job, tuple_(_SCORES.c.machine, _SCORES.c.metric).in_(chunk)
+            )
+        )
+    _insert_scores(
+        session,
+        job,
+        best,
+        ts,
+        lambda stmt: stmt.on_conflict_do_update(
+            index_elements=[_SCORES.c.job, _SCORES.c.machine, _SCORES.c.metric],
+            set_={
+                "score": stmt.excluded.score,
+                "device": stmt.excluded.device,
+                "ts": stmt.excluded.ts,
+            },
+        ),
+    )
+    session.flush()
+    return len(best)
+
+
+def set_top_scores(
+    session: Session, job: str, tops: Mapping[str, ScoreRow | None], ts: float
+) -> None:
+    """Set each named machine's ``top_score``/``top_metric``/``top_device``/``score_ts`` from
+    its row, or clear them (``None``); other machines are kept. Unknown machines are
+    registered (empty group and domain).
+
+    Raises
+    ------
+    ValidationError
+        For a bad name or a malformed row (nothing is changed then).
+    """
+    check_name(job, "job")
+    rows = {
+        check_name(m, "machine"): None if r is None else ScoreRow.coerce(r) for m, r in tops.items()
+    }
+    _touch_job(session, job, ts, time.time())
+    cleared = sorted(m for m, r in rows.items() if r is None)
+    for lo in range(0, len(cleared), _IN_CHUNK):
+        session.execute(
+            update(_MACHINES)
+            .where(_MACHINES.c.job == job, _MACHINES.c.name.in_(cleared[lo : lo + _IN_CHUNK]))
+            .values(top_score=None, top_metric=None, top_device=None, score_ts=None)
+        )
+    _upsert_tops(session, job, {m: r for m, r in rows.items() if r is not None}, ts)
+    session.flush()
+
+
+def _best_rows(
+    rows: Iterable[ScoreRow | Mapping[str, Any] | tuple[Any, ...]],
+) -> tuple[dict[tuple[str, str], ScoreRow], dict[str, ScoreRow]]:
+    """The highest row per (machine, metric), and per machine."""
     best: dict[tuple[str, str], ScoreRow] = {}
     for entry in rows:
         row = ScoreRow.coerce(entry)
@@ -216,10 +317,16 @@ def save_scores(
     for row in best.values():
         if row.machine not in top or row.score > top[row.machine].score:
             top[row.machine] = row
+    return best, top
 
-    now = time.time()
-    _touch_job(session, job, ts, now)
-    session.execute(delete(_SCORES).where(_SCORES.c.job == job))
+
+def _insert_scores(
+    session: Session,
+    job: str,
+    best: dict[tuple[str, str], ScoreRow],
+    ts: float,
+    on_conflict: Callable[[Any], Any] | None = None,
+) -> None:
     _bulk_insert(
         session,
         _SCORES,
@@ -234,12 +341,12 @@ def save_scores(
             }
             for r in best.values()
         ],
+        on_conflict,
     )
-    session.execute(
-        update(_MACHINES)
-        .where(_MACHINES.c.job == job, _MACHINES.c.top_score.is_not(None))
-        .values(top_score=None, top_metric=None, top_device=None, score_ts=None)
-    )
+
+
+def _upsert_tops(session: Session, job: str, top: dict[str, ScoreRow], ts: float) -> None:
+    """Each machine's ``top_*`` from its highest row (registering unknown machines)."""
     if top:
         _bulk_insert(
             session,
@@ -269,8 +376,6 @@ def save_scores(
             ),
         )
         _recount_machines(session, job)
-    session.flush()
-    return len(best)
 
 
 def _job_info(row: JobRow, open_alerts: int) -> JobInfo:

@@ -118,8 +118,16 @@ class ConsumerStats:
     backlog_messages
         Messages in the assigned partitions not yet consumed, as of the latest fetch.
     backlog_by_partition
-        ``backlog_messages`` per assigned ``(topic, partition)`` (0 until a fetch says more);
-        replaced, never mutated, so another thread may read it.
+        ``backlog_messages`` per assigned ``(topic, partition)``: the partition's high watermark
+        minus its entry in ``offset_by_partition`` (0 until a fetch says more), brought up to
+        date after every poll, failed ones included, so a partition stuck on a message shows
+        a lag that grows; replaced, never mutated, so another thread may read it.
+    offset_by_partition
+        Per assigned ``(topic, partition)``, the next offset this consumer will hand over: the
+        offset after the last message of the latest handled poll (what it commits), the first
+        message of a poll that will be redelivered, or the committed offset it resumed from
+        after a rebalance. Absent until known. An offset that stands still while the lag grows
+        is a stuck partition. Replaced, never mutated.
     decode_failures_by_reason
         Messages that failed to decode, per reason class (counted when decoding fails, whether
         or not the dead letter could be written yet).
@@ -146,6 +154,7 @@ class ConsumerStats:
     backlog_messages: int = 0
     assigned_partitions: int = 0
     backlog_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
+    offset_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     decode_failures_by_reason: Counter[str] = field(
         default_factory=lambda: Counter(dict.fromkeys(REASON_CLASSES, 0))
     )
@@ -157,6 +166,7 @@ class ConsumerStats:
             dead_lettered_by_reason=Counter(self.dead_lettered_by_reason),
             decode_failures_by_reason=Counter(self.decode_failures_by_reason),
             backlog_by_partition=dict(self.backlog_by_partition),
+            offset_by_partition=dict(self.offset_by_partition),
         )
 
 
@@ -227,6 +237,9 @@ class BatchConsumer:
         holds, ``"latest"`` only sees new batches.
     max_poll_records
         Most messages one poll hands over.
+    max_partition_fetch_bytes, fetch_max_bytes
+        Most bytes one fetch brings back per partition, and in all. One poll is one detection
+        pass and one commit, so larger polls amortise both (defaults: ``KafkaSettings``).
     max_poll_interval_ms, session_timeout_ms, heartbeat_interval_ms
         Group timings. kafka-python's default poll interval (5 min) is also the rebalance
         timeout, which makes every join wait; keep it short.
@@ -251,7 +264,9 @@ class BatchConsumer:
         deadletter_topic: str = DEADLETTER_TOPIC,
         client_id: str = "minder",
         auto_offset_reset: Literal["earliest", "latest"] = "earliest",
-        max_poll_records: int = 1000,
+        max_poll_records: int = 5000,
+        max_partition_fetch_bytes: int = 8 << 20,
+        fetch_max_bytes: int = 50 << 20,
         max_poll_interval_ms: int = 10_000,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
@@ -280,6 +295,7 @@ class BatchConsumer:
         self._dead_attempts: dict[tuple[TopicPartition, int], int] = {}
         self._handler_tries: dict[tuple[tuple[TopicPartition, int], ...], int] = {}
         self._backlog: dict[TopicPartition, int] = {}
+        self._offsets: dict[TopicPartition, int] = {}  # next offset to hand over, when known
         self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
         self._auto_offset_reset = auto_offset_reset
@@ -292,6 +308,8 @@ class BatchConsumer:
             "enable_auto_commit": False,
             "auto_offset_reset": auto_offset_reset,
             "max_poll_records": max_poll_records,
+            "max_partition_fetch_bytes": max_partition_fetch_bytes,
+            "fetch_max_bytes": fetch_max_bytes,
             "max_poll_interval_ms": max_poll_interval_ms,
             "session_timeout_ms": session_timeout_ms,
             "heartbeat_interval_ms": heartbeat_interval_ms,
@@ -336,6 +354,9 @@ class BatchConsumer:
             "topic": settings.metrics_topic,
             "deadletter_topic": settings.deadletter_topic,
             "client_id": settings.client_id,
+            "max_poll_records": settings.max_poll_records,
+            "max_partition_fetch_bytes": settings.max_partition_fetch_bytes,
+            "fetch_max_bytes": settings.fetch_max_bytes,
             "max_poll_interval_ms": settings.max_poll_interval_ms,
             "session_timeout_ms": settings.session_timeout_ms,
             "heartbeat_interval_ms": settings.heartbeat_interval_ms,
@@ -400,10 +421,13 @@ class BatchConsumer:
                 error = self._isolate(handler, batches, sources, error)
         if error is not None:
             self._rewind(fetched)
+            self._update_backlog()
             return PollOutcome(n_messages, 0, len(sends), committed=False, error=error)
 
         committed = self._commit(fetched)
-        self._update_backlog(fetched)
+        for tp, records in fetched.items():
+            self._offsets[tp] = records[-1].offset + 1
+        self._update_backlog()
         return PollOutcome(n_messages, len(batches), len(sends), committed=committed)
 
     def run(
@@ -628,6 +652,7 @@ class BatchConsumer:
             try:
                 self._consumer.seek(tp, records[0].offset)
                 self.stats.rewound += len(records)
+                self._offsets[tp] = records[0].offset
             except IllegalStateError:
                 # Revoked meanwhile: the new owner starts from the last commit, which is earlier.
                 logger.info("%s[%d] no longer assigned; not rewinding it", tp.topic, tp.partition)
@@ -653,19 +678,24 @@ class BatchConsumer:
         }
         return True
 
-    def _update_backlog(self, fetched: dict[TopicPartition, list[ConsumerRecord]]) -> None:
-        for tp, records in fetched.items():
+    def _update_backlog(self) -> None:
+        """Lag of every partition whose next offset is known: its high watermark (as of the
+        latest fetch of it) minus that offset, also after a poll that will be redelivered."""
+        for tp, offset in self._offsets.items():
             try:
                 highwater = self._consumer.highwater(tp)
             except IllegalStateError:
                 continue
             if highwater is not None:
-                self._backlog[tp] = max(0, highwater - (records[-1].offset + 1))
+                self._backlog[tp] = max(0, highwater - offset)
         self._publish_backlog()
 
     def _publish_backlog(self) -> None:
         self.stats.backlog_by_partition = {
             (tp.topic, tp.partition): count for tp, count in self._backlog.items()
+        }
+        self.stats.offset_by_partition = {
+            (tp.topic, tp.partition): offset for tp, offset in self._offsets.items()
         }
         self.stats.backlog_messages = sum(self._backlog.values())
 
@@ -689,16 +719,21 @@ class BatchConsumer:
                 continue
             if offset is not None:
                 self._consumer.seek(tp, offset)
-            elif self._auto_offset_reset == "earliest":
-                self._consumer.seek_to_beginning(tp)
+                self._offsets[tp] = offset
             else:
-                self._consumer.seek_to_end(tp)
+                self._offsets.pop(tp, None)  # known again after the first fetch
+                if self._auto_offset_reset == "earliest":
+                    self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek_to_end(tp)
             done.add(tp)
+        self._publish_backlog()
         return done | (targets - owned)
 
     def _forget(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
             self._backlog.pop(tp, None)
+            self._offsets.pop(tp, None)
         self._pending_dead = {key for key in self._pending_dead if key[0] not in revoked}
         self._publish_backlog()
         self.stats.assigned_partitions = max(0, self.stats.assigned_partitions - len(revoked))

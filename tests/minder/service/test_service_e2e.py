@@ -98,6 +98,16 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
         ready = httpx.get(f"{api}/ready")
         assert ready.status_code == 200, ready.text
 
+        # Counters are exported once the poll that raised the alerts returns (one poll may hold
+        # the whole stream, the garbage message too).
+        _wait_for(
+            lambda: (
+                'minder_decode_failures_total{reason="undecodable"} 1.0'
+                in httpx.get(f"{stack.api_url}/metrics").text
+            ),
+            30,
+            "the poll's counters",
+        )
         metrics = httpx.get(f"{stack.api_url}/metrics").text
         assert 'minder_alerts_total{kind="rule"} 2.0' in metrics
         assert 'minder_decode_failures_total{reason="undecodable"} 1.0' in metrics

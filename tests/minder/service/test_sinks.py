@@ -126,7 +126,7 @@ def test_a_restarted_service_does_not_alert_an_alerted_machine_again(tmp_path: P
     assert first._deliver(_alert()) is not None
     # The "restart": a new service (a new worker taking the job over) on the same store.
     second = DetectionService(lambda: None, store=store)  # type: ignore[arg-type,return-value]
-    second._load_open_alerts("j")
+    second._load_open_alerts(["j"])
     later = _alert(AlertKind.SIMILARITY, "gpu_power_watts", first_ts=400.0)
     assert second._deliver(later) is None
     assert second.metrics.registry.get_sample_value("minder_alerts_suppressed_total") == 1
@@ -146,6 +146,25 @@ def test_a_restarted_service_does_not_alert_an_alerted_machine_again(tmp_path: P
     with store.sessions() as session:
         _, total = list_alerts(session, job="j")
     assert total == 7
+
+
+def test_many_jobs_starting_at_once_load_their_open_alerts_in_one_query(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    first = DetectionService(lambda: None, store=store)  # type: ignore[arg-type,return-value]
+    assert first._deliver(_alert()) is not None
+    queries: list[str | None] = []
+    counts = store.open_alert_counts
+
+    def counted(job: str | None = None) -> dict[tuple[str, str, str], int]:
+        queries.append(job)
+        return counts(job)
+
+    store.open_alert_counts = counted  # type: ignore[method-assign]
+    second = DetectionService(lambda: None, store=store)  # type: ignore[arg-type,return-value]
+    second._load_open_alerts(["j", *(f"other-{i}" for i in range(20))])
+    assert queries == [None]
+    assert second._deliver(_alert(AlertKind.SIMILARITY, "gpu_power_watts", first_ts=400.0)) is None
+    assert second._open_by_machine["other-3"] == {}
 
 
 def test_a_resolved_machine_may_be_alerted_again(tmp_path: Path) -> None:

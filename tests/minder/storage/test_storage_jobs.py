@@ -25,6 +25,7 @@ from minder.storage import (
     set_job_status,
     upsert_job_machines,
 )
+from minder.storage.jobs import set_top_scores, upsert_scores
 
 
 def test_upsert_registers_job_and_machines(sessions: SessionFactory) -> None:
@@ -169,6 +170,47 @@ def test_save_scores_replaces_the_current_scores(sessions: SessionFactory) -> No
     with sessions() as session:
         assert current_scores(session, "j1") == []
         assert all(m.top_score is None for m in list_machines(session, "j1"))
+
+
+def test_upsert_scores_and_tops_change_only_what_they_name(sessions: SessionFactory) -> None:
+    with sessions.begin() as session:
+        save_scores(
+            session,
+            "j1",
+            [
+                ScoreRow("n1", "gpu_util_ratio", 2.0, "gpu0"),
+                ScoreRow("n1", "gpu_power_watts", 1.0, "gpu0"),
+                ScoreRow("n2", "gpu_util_ratio", 3.0, "gpu1"),
+            ],
+            10.0,
+        )
+        written = upsert_scores(
+            session,
+            "j1",
+            [ScoreRow("n1", "gpu_util_ratio", 9.0, "gpu5"), ScoreRow("n3", "cpu_util_ratio", 1.0)],
+            15.0,
+            removed=[("n1", "gpu_power_watts")],
+        )
+        set_top_scores(
+            session, "j1", {"n1": ScoreRow("n1", "gpu_util_ratio", 9.0, "gpu5"), "n2": None}, 15.0
+        )
+    assert written == 2
+    with sessions() as session:
+        scores = [(s.machine, s.metric, s.score, s.ts) for s in current_scores(session, "j1")]
+        machines = {m.name: m for m in list_machines(session, "j1")}
+    assert scores == [
+        ("n1", "gpu_util_ratio", 9.0, 15.0),
+        ("n2", "gpu_util_ratio", 3.0, 10.0),  # untouched
+        ("n3", "cpu_util_ratio", 1.0, 15.0),
+    ]
+    assert (machines["n1"].top_score, machines["n1"].top_device, machines["n1"].score_ts) == (
+        9.0,
+        "gpu5",
+        15.0,
+    )
+    assert machines["n2"].top_score is None and machines["n2"].score_ts is None
+    with sessions.begin() as session, pytest.raises(ValidationError, match="non-empty machine"):
+        upsert_scores(session, "j1", [ScoreRow("", "gpu_util_ratio", 1.0)], 16.0)
 
 
 def test_save_scores_of_one_job_leaves_others(sessions: SessionFactory) -> None:

@@ -13,7 +13,14 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaTimeoutError
 
 import minder.stream.consumer as consumer_module
-from minder.core.codec import batch_to_dict, decode_batch, encode_batch
+from minder.core.codec import (
+    WireFormat,
+    batch_to_dict,
+    decode_batch,
+    encode_batch,
+    layout_definition,
+    layout_id,
+)
 from minder.core.errors import DecodeError
 from minder.core.records import NodeBatch
 from minder.stream import REASON_CLASSES, EmbeddedBroker, read_dead_letters, reason_class
@@ -53,7 +60,7 @@ def test_undecodable_messages_go_to_the_dead_letter_topic_with_their_reason(
     metrics, deadletter = topics
     good = [make_batch("jbad", f"n{i}", T0 + i) for i in range(5)]
     unknown_metric = _json(good[0], samples=[["gpu_utilisation", "gpu0", 0.5]])
-    wrong_schema = msgpack.packb({**batch_to_dict(good[0]), "schema": 2})
+    wrong_schema = msgpack.packb({**batch_to_dict(good[0]), "schema": 3})
     crashing = b"CRASH the decoder"
     bad = [b"\x00\xffgarbage", unknown_metric, wrong_schema, b"", crashing]
     payloads: list[bytes | None] = []
@@ -94,8 +101,16 @@ def test_undecodable_messages_go_to_the_dead_letter_topic_with_their_reason(
     assert len({d.source_partition for d in letters}) == 1  # one key, one partition
     assert all(("trace", b"abc") in d.headers for d in letters)  # original headers kept
     assert "unknown metric 'gpu_utilisation'" in letters[1].reason
-    assert "field 'schema' is 2: expected 1" in letters[2].reason
+    assert "field 'schema' is 3: expected 1 or 2" in letters[2].reason
     assert letters[4].reason == "decoder raised RuntimeError: a decoder bug"
+
+
+def _packed(batch: NodeBatch, *, drop_layout: bool = False, **changes: object) -> bytes:
+    data = msgpack.unpackb(encode_batch(batch, WireFormat.PACKED))
+    if drop_layout:
+        data.pop("layout_def")
+        data["layout"] = 12345  # never announced
+    return msgpack.packb({**data, **changes})
 
 
 def test_reason_classes_of_codec_errors() -> None:
@@ -113,6 +128,18 @@ def test_reason_classes_of_codec_errors() -> None:
             {**batch_to_dict(batch), "columns": {"metric": [], "device": [], "value": [1.0]}}
         ): "bad_sample",
         _json(batch, columns={"metric": [], "device": [], "value": []}): "bad_field",
+        # Schema 2 (packed): a layout never announced, a bad layout, a bad value block.
+        _packed(batch, drop_layout=True): "unknown_layout",
+        _packed(batch, layout=99, layout_def={"metrics": ["gpu_util"]}): "bad_layout",
+        _packed(batch, values=b"\0\0\0"): "bad_values",
+        _packed(batch, values=b"\0\0\xc0\x7f"): "bad_sample",  # NaN, as in schema 1
+        _packed(batch, layout="7"): "bad_field",
+        # A metric this service does not know yet (a newer agent): the same class as schema 1's
+        _packed(
+            batch,
+            layout=layout_id(["gpu_util_future"], ["gpu0"]),
+            layout_def=layout_definition(["gpu_util_future"], ["gpu0"]),
+        ): "unknown_metric",
     }
     for payload, expected in cases.items():
         with pytest.raises(DecodeError) as caught:
