@@ -27,7 +27,23 @@ Printed (measured after a warm-up of ``--warmup`` seconds):
   broker are other processes and are not counted;
 - peak RSS of the agent process (``getrusage``);
 - mean collect time per source (ms), samples per batch;
-- encoded batch size per node-second, msgpack (the wire default) and JSON.
+- bytes on the wire per node-second: every batch the runner encodes in the measured window is
+  counted as it leaves the runner's own encoder (from schema 2 on a stateful
+  :class:`~minder.core.codec.BatchEncoder`, which inlines the node's layout only in the first
+  batch, on a change and once every few batches or seconds; before it ``encode_batch``), so the
+  figure is the real sequence of batches as the agent sends it; beside it, for comparison,
+  the same batches in schema 1 (msgpack and JSON, stateless, encoded after the window from the
+  last few batches) and, where the tree has it, schema 2 with the layout inlined in every batch
+  (the one-off ``encode_batch(b, WireFormat.PACKED)``, an upper bound); and the CPU the
+  encoder took per batch (thread CPU time around each call, so it is part of the agent's CPU).
+
+With ``--baseline-root DIR`` (a ``git worktree`` of older code) the bench runs itself as child
+processes, ``--rounds`` times alternately on that tree and on this one (``PYTHONPATH`` set to each
+root; every run checks and prints the ``minder`` package it imported), and prints each run, the
+mean per tree and the ratios current / baseline, with the load average before and after::
+
+    .venv/bin/python bench/agent_bench.py --seconds 50 --kafka --no-ethtool \
+        --baseline-root /tmp/wt-base --rounds 2
 
 The fake NVML is Python code standing in for ctypes calls into ``libnvidia-ml``; on a real node
 NVML's own cost replaces it.
@@ -46,6 +62,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -178,6 +195,13 @@ def main() -> None:
         help="leave the command-path ethtool source out (what the in-process ioctl path, the "
         "agent's default, costs is measured by tests/collectors/test_ethtool_ioctl.py)",
     )
+    parser.add_argument(
+        "--baseline-root",
+        type=Path,
+        help="also measure the code in this directory (a git worktree of older code), alternating "
+        "with this tree in child processes",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per tree with --baseline-root")
     parser.add_argument("--updater", nargs=4, metavar=("SYSFS", "STATS", "PROBE", "SECONDS"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args()
@@ -185,11 +209,28 @@ def main() -> None:
         sysfs, stats, probe, seconds = args.updater
         updater(Path(sysfs), Path(stats), probe, float(seconds))
         return
+    if args.rounds < 1:
+        parser.error(f"--rounds is {args.rounds!r}: expected at least 1")
+    if args.baseline_root is not None:
+        compare(args)
+        return
+    result = measure(args)
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:32} {value}")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of the agent in this process, with whatever ``minder`` it imports."""
     logging.basicConfig(level=logging.ERROR)
     warnings.simplefilter("ignore", DeprecationWarning)
 
     from prometheus_client import generate_latest  # noqa: PLC0415
 
+    import minder  # noqa: PLC0415
+    import minder.agent_runner  # noqa: PLC0415
     from collectors.agent import Agent, AgentExporter  # noqa: PLC0415
     from collectors.ethtool import EthtoolSource  # noqa: PLC0415
     from collectors.host import HostSource  # noqa: PLC0415
@@ -245,6 +286,13 @@ def main() -> None:
 
         spool = Spool(workdir / "spool", 256 * 2**20)
         runner = AgentRunner(agent, spool, sender_factory, on_batch=on_batch)
+        wire = _WireCounter()
+        encoder = getattr(runner, "encoder", None)
+        if encoder is not None:  # schema 2 trees: the runner's stateful BatchEncoder
+            encoder.encode = wire.wrap(encoder.encode)
+        else:  # before schema 2: the runner called the module's encode_batch(batch, fmt)
+            runner_module: Any = minder.agent_runner
+            runner_module.encode_batch = wire.wrap(runner_module.encode_batch)
         exporter = AgentExporter(agent)
         exporter.set_sender(runner.sender_counters)
         total_s = args.warmup + args.seconds + 5
@@ -257,6 +305,8 @@ def main() -> None:
         collections0 = agent.collections_total
         per_source0 = agent.collect_seconds_total()
         cpu0, children0 = _cpu_seconds(resource.RUSAGE_SELF), _cpu_seconds(resource.RUSAGE_CHILDREN)
+        wire0 = wire.snapshot()
+        inlined0 = None if encoder is None else encoder.stats.layouts_inlined
         wall0 = time.monotonic()
         next_scrape = wall0 + args.scrape_every
         while (now := time.monotonic()) < wall0 + args.seconds:
@@ -269,14 +319,27 @@ def main() -> None:
         children = _cpu_seconds(resource.RUSAGE_CHILDREN) - children0
         collections = agent.collections_total - collections0
         per_source = agent.collect_seconds_total()
+        wire1 = wire.snapshot()
+        wire_batches, wire_bytes, wire_cpu_ns = (b - a for a, b in zip(wire0, wire1, strict=True))
+        inlined = None if encoder is None else encoder.stats.layouts_inlined - (inlined0 or 0)
         runner.stop()
         peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        if wire_batches < 1:
+            raise SystemExit(f"no batch was encoded in {wall:.1f} s: the agent is not running")
         batch = recent[-1]
+        # schema 1 is stateless: the last few batches stand for all of them
         sizes = {
-            fmt.value: sum(len(encode_batch(b, fmt)) for b in recent) / len(recent)
+            f"schema1_{fmt.value}": sum(len(encode_batch(b, fmt)) for b in recent) / len(recent)
             for fmt in WireFormat
+            if fmt.value in ("msgpack", "json")
         }
+        if "packed" in {fmt.value for fmt in WireFormat}:
+            packed = WireFormat("packed")
+            sizes["schema2_layout_in_every_batch"] = sum(
+                len(encode_batch(b, packed)) for b in recent
+            ) / len(recent)
         result = {
+            "minder": str(Path(minder.__file__).resolve().parent),
             "seconds": round(wall, 1),
             "interval_s": args.interval,
             "collections": collections,
@@ -295,7 +358,14 @@ def main() -> None:
             "batches_sent": runner.stats.batches_sent,
             "spool_batches_left": len(spool),
             "source_problems": {f"{s}/{r}": n for (s, r), n in agent.error_counts().items()},
-            "bytes_per_node_second": {k: round(v / args.interval) for k, v in sizes.items()},
+            "wire_format": str(getattr(runner, "fmt", "msgpack")),
+            "wire_batches": wire_batches,
+            "wire_layouts_inlined": inlined,
+            "wire_bytes_per_node_second": round(wire_bytes / wire_batches / args.interval),
+            "wire_encode_cpu_us_per_batch": round(wire_cpu_ns / wire_batches / 1000, 1),
+            "compare_bytes_per_node_second": {
+                k: round(v / args.interval) for k, v in sizes.items()
+            },
         }
         agent.close()
         spool.close()
@@ -306,11 +376,85 @@ def main() -> None:
         if broker is not None:
             broker.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:32} {value}")
+    return result
+
+
+class _WireCounter:
+    """Counts the batches and bytes an encoding function returns (the collector thread calls it;
+    the main thread reads whole snapshots)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.bytes = 0
+        self.cpu_ns = 0
+
+    def wrap(self, encode: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> bytes:
+            t0 = time.thread_time_ns()
+            data: bytes = encode(*args, **kwargs)
+            cpu_ns = time.thread_time_ns() - t0
+            with self._lock:
+                self.batches += 1
+                self.bytes += len(data)
+                self.cpu_ns += cpu_ns
+            return data
+
+        return counted
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """Batches, bytes and encoding CPU nanoseconds (of the calling thread) so far."""
+        with self._lock:
+            return self.batches, self.bytes, self.cpu_ns
+
+
+# -- baseline against current, alternating child processes ---------------------------------------
+
+_COMPARED = (
+    "agent_cpu_percent_of_one_core",
+    "peak_rss_mib",
+    "wire_bytes_per_node_second",
+    "wire_encode_cpu_us_per_batch",
+)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Run the bench on the baseline tree and on this one, alternately, and print both."""
+    base = args.baseline_root.resolve()
+    if not (base / "minder" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline-root {base}: expected a tree with minder/__init__.py")
+    command = [sys.executable, str(Path(__file__).resolve()), "--json"]
+    command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    command += ["--interval", str(args.interval), "--scrape-every", str(args.scrape_every)]
+    command += ["--kafka"] * args.kafka + ["--no-ethtool"] * args.no_ethtool
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
+    for round_ in range(args.rounds):
+        for tree, root in (("baseline", base), ("current", REPO)):
+            env = dict(os.environ, PYTHONPATH=str(root))
+            load_before = os.getloadavg()
+            out = subprocess.run(command, env=env, check=False, capture_output=True, text=True)
+            if out.returncode != 0:
+                last = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                raise SystemExit(f"{tree} run (PYTHONPATH={root}) exited {out.returncode}: {last}")
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            if Path(result["minder"]) != root / "minder":
+                raise SystemExit(f"{tree} run imported minder from {result['minder']}: "
+                                 f"expected {root / 'minder'}")  # fmt: skip
+            result["loadavg_before"] = [round(x, 2) for x in load_before]
+            result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+            runs[tree].append(result)
+            print(f"round {round_ + 1} {tree:8} {json.dumps(result)}", flush=True)
+    means = {
+        tree: {key: sum(r[key] for r in results) / len(results) for key in _COMPARED}
+        for tree, results in runs.items()
+    }
+    summary = {
+        "mean": {tree: {k: round(v, 3) for k, v in m.items()} for tree, m in means.items()},
+        "current_over_baseline": {
+            key: round(means["current"][key] / means["baseline"][key], 3) for key in _COMPARED
+        },
+    }
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=1))
 
 
 def _by_source(batch: Any) -> dict[str, int]:
