@@ -4,22 +4,20 @@ packed batches before they re-announce their layouts (docs/architecture.md §3.2
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from service_settings import isolated_settings
 
 from collectors.sim import Scenario, iter_batches
-from minder.config import Settings
 from minder.core.codec import BatchEncoder, Decoder, LayoutCache, layout_cache, layout_id
 from minder.core.records import NodeBatch
 from minder.service.stack import Stack, build_stack
 from minder.service.telemetry import LayoutStoreCollector, ServiceMetrics
 from minder.storage import create_engine_for, load_layout, session_factory
 from minder.stream import BatchProducer, EmbeddedBroker
-from minder.stream.broker import free_port
 
 SCENARIO = Scenario.model_validate(
     {
@@ -75,17 +73,7 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> Non
 def test_a_restarted_service_decodes_before_the_nodes_re_announce(
     broker: EmbeddedBroker, database_url: str
 ) -> None:
-    settings = Settings()
-    suffix = uuid.uuid4().hex[:8]
-    settings.kafka.bootstrap = broker.bootstrap
-    settings.kafka.metrics_topic = f"metrics-{suffix}"
-    settings.kafka.alerts_topic = f"alerts-{suffix}"
-    settings.kafka.deadletter_topic = f"dead-{suffix}"
-    settings.kafka.group_id = f"detect-{suffix}"
-    settings.kafka.partitions = 2
-    settings.database.url = database_url
-    settings.api.port = free_port()
-    settings.detection.new_job_max_age_s = 0
+    settings = isolated_settings(broker.bootstrap, database_url)
     seconds = [batches for _, batches in iter_batches(SCENARIO)]
     machines = len(seconds[0])
 

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client import CollectorRegistry
+from service_settings import isolated_settings
 
 from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
@@ -17,7 +18,6 @@ from minder.config import Settings
 from minder.core.alert import Alert
 from minder.service.stack import build_stack
 from minder.stream import BatchProducer
-from minder.stream.broker import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -33,18 +33,7 @@ SCENARIO = {
 
 
 def _settings(bootstrap: str, database_url: str) -> Settings:
-    settings = Settings()
-    suffix = uuid.uuid4().hex[:8]
-    settings.kafka.bootstrap = bootstrap
-    settings.kafka.metrics_topic = f"metrics-{suffix}"
-    settings.kafka.alerts_topic = f"alerts-{suffix}"
-    settings.kafka.deadletter_topic = f"dead-{suffix}"
-    settings.kafka.group_id = f"detect-{suffix}"
-    settings.kafka.partitions = 2
-    settings.database.url = database_url
-    settings.api.port = free_port()
-    settings.detection.new_job_max_age_s = 0  # the simulated stream is dated by its scenario
-    return settings
+    return isolated_settings(bootstrap, database_url)
 
 
 def _wait_for(predicate, timeout_s: float, what: str) -> None:
