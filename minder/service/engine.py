@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+from prometheus_client import Gauge
 
 from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow, WindowLimits
@@ -149,8 +150,10 @@ class DetectionService:
         self.max_future_s = max_future_s
         self.clock = clock
         self.limits = limits or ServiceLimits()
-        self._exported_scores: dict[str, set[str]] = {}
-        self._exported_lateness: dict[str, set[tuple[str, str]]] = {}
+        # The label values (after job_id) of the top-k series exported per job, to remove those
+        # that left the top.
+        self._exported_scores: dict[str, set[tuple[str, ...]]] = {}
+        self._exported_lateness: dict[str, set[tuple[str, ...]]] = {}
         self._refused_once: set[str] = set()
         # Alerts the store could not take yet: retried every tick, so none is lost to a
         # passing database outage (the detector raises each fault once).
@@ -556,13 +559,12 @@ class DetectionService:
         # The top-k machines of each job only: a series per machine of a 10,000-machine job
         # would swamp Prometheus; the store keeps every machine's score.
         top = capture.top(self.limits.top_k_scores)
-        shown = {name for name, _ in top}
-        for gone in self._exported_scores.get(job, set()) - shown:
-            with contextlib.suppress(KeyError):
-                self.metrics.machine_score.remove(job, gone)
-        for name, score in top:
-            self.metrics.machine_score.labels(job, name).set(score)
-        self._exported_scores[job] = shown
+        _export_top(
+            self.metrics.machine_score,
+            job,
+            self._exported_scores,
+            {(name,): score for name, score in top},
+        )
         self._export_lateness(state)
         if self.writer is not None:
             self.writer.submit(capture)
@@ -573,22 +575,39 @@ class DetectionService:
         job = state.window.job
         late_ranks = getattr(state.detector, "late_ranks", None)
         late = late_ranks(self.limits.top_k_scores) if late_ranks is not None else []
-        shown = {(rank.machine, rank.device) for rank in late}
-        for machine, device in self._exported_lateness.get(job, set()) - shown:
-            with contextlib.suppress(KeyError):
-                self.metrics.rank_lateness.remove(job, machine, device)
-        for rank in late:
-            self.metrics.rank_lateness.labels(job, rank.machine, rank.device).set(rank.seconds)
-        self._exported_lateness[job] = shown
+        _export_top(
+            self.metrics.rank_lateness,
+            job,
+            self._exported_lateness,
+            {(rank.machine, rank.device): rank.seconds for rank in late},
+        )
 
     def _retire(self, job: str) -> None:
         self.jobs.pop(job)
         logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
-        self.metrics.forget_job(job, sorted(self._exported_scores.pop(job, set())))
-        for machine, device in self._exported_lateness.pop(job, set()):
-            with contextlib.suppress(KeyError):
-                self.metrics.rank_lateness.remove(job, machine, device)
+        self.metrics.forget_job(job)
+        _export_top(self.metrics.machine_score, job, self._exported_scores, {})
+        _export_top(self.metrics.rank_lateness, job, self._exported_lateness, {})
+        self._exported_scores.pop(job, None)
+        self._exported_lateness.pop(job, None)
         self._open_by_machine.pop(job, None)
         self._last_persist.pop(job, None)
         if self.writer is not None:
             self.writer.forget(job)
+
+
+def _export_top(
+    gauge: Gauge,
+    job: str,
+    exported: dict[str, set[tuple[str, ...]]],
+    values: dict[tuple[str, ...], float],
+) -> None:
+    """Set ``job``'s series of ``gauge`` to ``values`` (label values after ``job_id``) and
+    remove those it exported before that are not among them (``exported``: what each job
+    shows)."""
+    for labels in exported.get(job, set()) - values.keys():
+        with contextlib.suppress(KeyError):
+            gauge.remove(job, *labels)
+    for labels, value in values.items():
+        gauge.labels(job, *labels).set(value)
+    exported[job] = set(values)

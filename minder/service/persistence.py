@@ -155,6 +155,15 @@ class JobCapture:
         """Each machine's highest score over its metrics (0 when it has none)."""
         return self.tops()[0]
 
+    def top_devices(self, arg: np.ndarray) -> np.ndarray:
+        """The device index behind each machine's top score (``arg``: its metric row)."""
+        return self.devices[arg, np.arange(arg.size)] if self.metrics else arg
+
+    def _device(self, row: int, d: int) -> str:
+        """The name of device ``d`` of metric row ``row`` ("" for none)."""
+        names = self.device_names[row]
+        return names[d] if 0 <= d < len(names) else ""
+
     def cells(self, mask: np.ndarray) -> list[tuple[str, str, float, str]]:
         """``(machine, metric, score, device)`` of the scores in ``mask``."""
         rows, cols = np.nonzero(mask)
@@ -166,10 +175,7 @@ class JobCapture:
             self.devices[rows, cols].tolist(),
             strict=True,
         ):
-            names = self.device_names[r]
-            out.append(
-                (self.names[c], self.metrics[r], score, names[d] if 0 <= d < len(names) else "")
-            )
+            out.append((self.names[c], self.metrics[r], score, self._device(r, d)))
         return out
 
     def pairs(self, mask: np.ndarray) -> list[tuple[str, str]]:
@@ -199,10 +205,7 @@ class JobCapture:
         for i in idx.tolist():
             row = int(arg[i])
             has = bool(self.metrics) and not np.isnan(self.scores[row, i])
-            device = ""
-            if has:
-                names, d = self.device_names[row], int(self.devices[row, i])
-                device = names[d] if 0 <= d < len(names) else ""
+            device = self._device(row, int(self.devices[row, i])) if has else ""
             out.append(
                 MachineSnapshot(
                     machine=self.names[i],
@@ -223,8 +226,7 @@ class JobCapture:
             score = self.scores[row, i]
             if np.isnan(score):
                 continue
-            names, d = self.device_names[row], int(self.devices[row, i])
-            per_metric[metric] = (float(score), names[d] if 0 <= d < len(names) else "")
+            per_metric[metric] = (float(score), self._device(row, int(self.devices[row, i])))
         best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
         return MachineSnapshot(
             machine=self.names[i],
@@ -455,7 +457,7 @@ class StateWriter:
         cells |= missing != np.isnan(old.scores)
         cells |= capture.devices != old.devices
         top, arg = capture.tops()
-        dev = capture.devices[arg, np.arange(arg.size)] if capture.metrics else arg
+        dev = capture.top_devices(arg)
         machines = np.abs(top - last.top) >= self.score_tolerance
         machines |= (arg != last.top_arg) | (dev != last.top_dev)
         machines |= np.abs(capture.last_seen - old.last_seen) >= max(self.last_seen_every_s, 1e-9)
@@ -501,7 +503,7 @@ class StateWriter:
         last = self._written.get(job)
         if changes is None or last is None:
             top, arg = capture.tops()
-            dev = capture.devices[arg, np.arange(arg.size)] if capture.metrics else arg
+            dev = capture.top_devices(arg)
             self._written[job] = _Written(capture, top, arg, dev, capture.ts, capture.ts)
             return
         last.seen_ts = capture.ts

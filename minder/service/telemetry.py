@@ -253,11 +253,8 @@ class ServiceMetrics:
             self.decode_failures.labels(reason=reason)
             self.dead_letters.labels(reason=reason)
 
-    def forget_job(self, job: str, machines: list[str]) -> None:
-        """Remove a retired job's series."""
-        for machine in machines:
-            with contextlib.suppress(KeyError):
-                self.machine_score.remove(job, machine)
+    def forget_job(self, job: str) -> None:
+        """Remove a retired job's own gauges (its per-machine top-k series are the engine's)."""
         gauges = (
             self.job_machines,
             self.job_interval,
