@@ -781,7 +781,7 @@ def _layout_from_definition(raw: Any, lid: int) -> Layout:
                 "expected each (metric, device) pair once"
             )
         if pair not in _checked_pairs:
-            _check_layout_pair(i, *pair)
+            _check_pair(i, *pair, where="layout_def pairs")
     actual = layout_id(metrics, devs)
     if actual != lid:
         raise DecodeError(
@@ -798,20 +798,6 @@ def _layout_from_definition(raw: Any, lid: int) -> Layout:
         if len(_metric_bounds) < _MAX_METRIC_SEQUENCES:
             _metric_bounds[metrics] = shared
     return Layout(lid, shared[0], devs, shared[1], shared[2], shared[3])
-
-
-def _check_layout_pair(i: int, name: str, device: str) -> None:
-    spec = METRICS.get(name)
-    if spec is None:
-        raise DecodeError(
-            f"layout_def pairs[{i}] has unknown metric {name!r}: expected a name of §3.1"
-        )
-    try:
-        validate_device(spec, device)
-    except ValidationError as exc:
-        raise DecodeError(f"layout_def pairs[{i}]: {exc}") from None
-    if len(_checked_pairs) < _MAX_CHECKED_PAIRS:
-        _checked_pairs[(name, device)] = spec
 
 
 def _header(data: dict[str, Any]) -> tuple[str, str, float, float, dict[str, str]]:
@@ -976,18 +962,19 @@ def _remember_layout(samples: list[Sample]) -> None:
     )
 
 
-def _check_pair(i: int, name: Any, device: Any) -> MetricSpec:
+def _check_pair(i: int, name: Any, device: Any, *, where: str = "samples") -> MetricSpec:
+    """Check pair ``i`` of a batch's samples (or of a layout: ``where``); remember it."""
     if not isinstance(name, str) or not isinstance(device, str):
         raise DecodeError(
-            f"samples[{i}] has metric {name!r} and device {device!r}: expected two strings"
+            f"{where}[{i}] has metric {name!r} and device {device!r}: expected two strings"
         )
     spec = METRICS.get(name)
     if spec is None:
-        raise DecodeError(f"samples[{i}] has unknown metric {name!r}: expected a name of §3.1")
+        raise DecodeError(f"{where}[{i}] has unknown metric {name!r}: expected a name of §3.1")
     try:
         validate_device(spec, device)
     except ValidationError as exc:
-        raise DecodeError(f"samples[{i}]: {exc}") from None
+        raise DecodeError(f"{where}[{i}]: {exc}") from None
     if len(_checked_pairs) < _MAX_CHECKED_PAIRS:
         _checked_pairs[(name, device)] = spec
     return spec
