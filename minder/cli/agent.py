@@ -16,7 +16,6 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -42,6 +41,7 @@ from minder.cli.common import (
     out,
 )
 from minder.core.errors import MinderError, ValidationError
+from minder.core.wire import AGENT_FORMAT, WireFormat
 
 if TYPE_CHECKING:  # the agent and its sources are imported when it runs, not for --help
     from collectors.agent import Agent
@@ -54,15 +54,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_SPOOL_MAX_BYTES = 256 * 2**20
 DEFAULT_METRICS_PORT = 9478
 DEFAULT_PROBE_ADDRESS = "127.0.0.1:9477"
-
-
-class WireFormatChoice(StrEnum):
-    """``--wire-format``: minder.core.codec.WireFormat's values, without importing the codec
-    (and numpy) for --help."""
-
-    packed = "packed"
-    msgpack = "msgpack"
-    json = "json"
 
 
 DEFAULT_ETHTOOL_TIMEOUT_S = 0.25
@@ -258,12 +249,12 @@ def agent_command(
         ),
     ] = True,
     wire_format: Annotated[
-        WireFormatChoice,
+        WireFormat,
         typer.Option(
             help="encoding of the batches: packed (schema 2: layout id and float32 values) or, "
             "for detection services older than schema 2, msgpack or json (schema 1)"
         ),
-    ] = WireFormatChoice.packed,
+    ] = AGENT_FORMAT,
 ) -> None:
     """Run the node agent: collect every interval, serve /metrics, send batches to Kafka.
 
@@ -327,7 +318,7 @@ def agent_command(
             sasl_password_file=kafka_sasl_password_file,
         )
         _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format.value)  # fmt: skip
+             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format)  # fmt: skip
     finally:
         agent.close()
 
@@ -383,11 +374,10 @@ def _run(
     *,
     goodbye: bool = True,
     flags: KafkaFlags | None = None,
-    fmt: str = WireFormatChoice.packed.value,
+    fmt: WireFormat = AGENT_FORMAT,
 ) -> None:
     from collectors.agent import AgentExporter  # noqa: PLC0415
     from minder.agent_runner import AgentRunner  # noqa: PLC0415
-    from minder.core.codec import WireFormat  # noqa: PLC0415
     from minder.stream.agent_sender import KafkaRecordSender  # noqa: PLC0415
     from minder.stream.spool import Spool  # noqa: PLC0415
 
@@ -418,7 +408,7 @@ def _run(
                 bootstrap, topic=topic, client_id=client_id, client_options=client_options
             ),
             goodbye=goodbye,
-            fmt=WireFormat(fmt),
+            fmt=fmt,
         )
         exporter.set_sender(runner.sender_counters)
         if metrics_port:

@@ -29,7 +29,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, cast
 
 import msgpack
@@ -47,25 +46,10 @@ from minder.core.records import (
     NodeBatch,
     Sample,
 )
+from minder.core.wire import AGENT_FORMAT, DEFAULT_FORMAT, WireFormat
 
 logger = logging.getLogger(__name__)
 
-
-class WireFormat(StrEnum):
-    """Encodings the codec writes."""
-
-    MSGPACK = "msgpack"
-    """Schema 1 in msgpack: every sample named (what consumers before schema 2 read)."""
-    JSON = "json"
-    """Schema 1 in JSON."""
-    PACKED = "packed"
-    """Schema 2: layout id and float32 values in a msgpack envelope."""
-
-
-DEFAULT_FORMAT = WireFormat.MSGPACK
-"""Format of :func:`encode_batch` (stateless: schema 1 unless asked)."""
-AGENT_FORMAT = WireFormat.PACKED
-"""Format the node agent and :class:`~minder.stream.producer.BatchProducer` write by default."""
 
 ANNOUNCE_EVERY = 10
 """A node inlines its layout in one batch of this many (and at every change)."""

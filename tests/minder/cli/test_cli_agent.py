@@ -497,9 +497,12 @@ def test_bad_kafka_options_exit_2_in_one_line_without_secrets(
 
 
 def test_wire_format_choices_are_the_codec_formats() -> None:
-    from minder.cli.agent import WireFormatChoice
+    import inspect
+    import typing
+
+    from minder.cli.agent import agent_command
     from minder.core.codec import AGENT_FORMAT, WireFormat
 
-    assert [c.value for c in WireFormatChoice] == [AGENT_FORMAT.value] + [
-        f.value for f in WireFormat if f is not AGENT_FORMAT
-    ]
+    assert inspect.signature(agent_command).parameters["wire_format"].default is AGENT_FORMAT
+    hint = typing.get_type_hints(agent_command, include_extras=True)["wire_format"]
+    assert typing.get_args(hint)[0] is WireFormat

@@ -28,6 +28,7 @@ LIGHT_OURS = (
     "minder.core",
     "minder.core.errors",
     "minder.core.alert",
+    "minder.core.wire",
 )
 OUR_PACKAGES = ("minder", "collectors", "detectors", "whatif")
 # Other libraries --help must not import (typer, rich and the standard library are expected).
@@ -60,16 +61,8 @@ HEAVY = (
 )
 # What a command's --help genuinely needs beyond that.
 ALLOWED: dict[str, tuple[str, ...]] = {
-    # --wire-format lists minder.core.codec.WireFormat, and the codec needs numpy and msgpack.
-    "agent": (
-        "collectors",
-        "collectors.labels",
-        "minder.core.codec",
-        "minder.core.records",
-        "minder.core.metrics",
-        "numpy",
-        "msgpack",
-    ),
+    # identity discovery (its defaults) is the agent's own small module
+    "agent": ("collectors", "collectors.labels"),
 }
 
 PROBE = """
