@@ -232,6 +232,29 @@ def test_a_synchronous_job_with_long_steps_stays_synchronous_while_it_slows_down
     assert alerts[0].evidence["job_slowdown"] == pytest.approx(true_s, rel=0.03)
 
 
+def test_a_rank_that_left_after_one_very_long_step_holds_the_asynchronous_verdict_briefly() -> None:
+    """A rank restores for an hour in one step, out of step with the others, then leaves: the
+    job is asynchronous for that tick, and synchronous again within about 10 typical steps
+    times 3 (the hold is capped), not for three hours of the departed rank's step."""
+    detector = Recording()
+
+    def edit(m: int, r: int, s: int, sample: dict[str, float]) -> None:
+        if (m, r) != (5, 0) or s < 20:
+            return
+        if s == 20:
+            sample["train_step_seconds"] = 3600.0
+            sample["train_step_number"] += 50
+        else:
+            sample.clear()  # gone
+
+    run_job(steps=150, edit=edit, detector=detector)
+    assert not all(detector.syncs)  # the restore's tick was taken for an asynchronous job
+    first_async = detector.syncs.index(False)
+    # back within 3 x 10 typical steps of 2 s (and a tick), i.e. about 30 steps of the job
+    back = detector.syncs[first_async + 70 :]
+    assert back and all(back)
+
+
 def test_without_busy_time_the_late_rank_is_the_one_others_wait_for() -> None:
     alerts, _, _ = run_job(
         steps=200, busy=False, factor=lambda m, r, s: 1.15 if (m == 2 and r == 1) else 1.0
