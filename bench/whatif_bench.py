@@ -180,7 +180,11 @@ def measure(path: Path) -> None:
 
 
 def _child(args: list[str], pythonpath: str | None) -> tuple[float, float, float, str]:
-    """Run a child; its wall seconds, CPU seconds (user + sys), peak RSS (MB) and stdout."""
+    """Run a child; its wall seconds, CPU seconds (user + sys), peak RSS (MB) and stdout.
+
+    With ``pythonpath`` the child also runs in that tree: ``python -m`` puts its working
+    directory ahead of ``PYTHONPATH``, so from this repository it would run this tree's code.
+    """
     env = {**os.environ}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -188,7 +192,7 @@ def _child(args: list[str], pythonpath: str | None) -> tuple[float, float, float
         env.pop("PYTHONPATH", None)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         began = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(args, stdout=out, stderr=err, env=env, cwd=pythonpath or None)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - began
         if os.waitstatus_to_exitcode(status) != 0:
@@ -208,6 +212,7 @@ def _fit(ops: list[float], values: list[float]) -> float:
 
 
 def scale(folder: Path, sizes: list[float], base: str | None) -> None:
+    folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     trees = [("base", base), ("new", None)] if base else [("new", None)]
     rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
@@ -245,6 +250,7 @@ def scale(folder: Path, sizes: list[float], base: str | None) -> None:
 
 
 def commands(folder: Path, repeat: int, base: str | None) -> None:
+    folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     ar = folder / "trace-AR.parquet"
     if not ar.exists():
@@ -294,7 +300,8 @@ def inprocess(path: Path, repeat: int = 5) -> None:
         analyze(load_trace(path))
         wall.append(time.perf_counter() - w0)
         cpu.append(time.process_time() - c0)
-    print(f"best wall {min(wall) * 1e3:.0f} ms, best CPU {min(cpu) * 1e3:.0f} ms")
+    pandas = "pandas loaded" if "pandas" in sys.modules else "no pandas"
+    print(f"best wall {min(wall) * 1e3:.0f} ms, best CPU {min(cpu) * 1e3:.0f} ms, {pandas}")
 
 
 def main() -> None:

@@ -15,13 +15,14 @@ from whatif.loading import load_trace
 from whatif.model import JobModel, build_model
 from whatif.report import WhatIfReport
 from whatif.scenarios import ProgressFn
-from whatif.trace import JobMeta, Trace, make_trace, read_canonical, write_canonical
+from whatif.trace import JobMeta, OpsTable, Trace, make_trace, read_canonical, write_canonical
 from whatif.verdict import Thresholds, Verdict
 from whatif.whatifs import WhatIf
 
 __all__ = [
     "JobMeta",
     "JobModel",
+    "OpsTable",
     "ProgressFn",
     "Thresholds",
     "Trace",

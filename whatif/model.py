@@ -199,18 +199,18 @@ def build_model(trace: Trace) -> JobModel:
         raise TraceError("the trace has no ops", where=where)
     dp = trace.meta.dp_size
     n_rows = len(ops)
-    stage_col = ops["stage"].to_numpy()
-    seq_col = ops["seq_id"].to_numpy()
-    dp_col = ops["dp_rank"].to_numpy()
-    step_col = ops["step"].to_numpy()
-    start_col = ops["start_ts"].to_numpy(dtype=np.float64)
-    duration_col = ops["duration"].to_numpy(dtype=np.float64)
+    stage_col = ops["stage"]
+    seq_col = ops["seq_id"]
+    dp_col = ops["dp_rank"]
+    step_col = ops["step"]
+    start_col = np.asarray(ops["start_ts"], dtype=np.float64)
+    duration_col = np.asarray(ops["duration"], dtype=np.float64)
     # An op is (stage, type, seq), packed into one integer and numbered densely in packed order.
     n_types = len(optypes.ALL)
     seq_min = int(seq_col.min())
     seq_span = int(seq_col.max()) - seq_min + 1
     key_space = (int(stage_col.max()) + 1) * n_types * seq_span
-    packed = _pack_keys(stage_col, ops["optype"].cat.codes.to_numpy(), seq_col, seq_min, seq_span)
+    packed = _pack_keys(stage_col, ops["optype"], seq_col, seq_min, seq_span)
     key_uniques, cell = _dense_codes(packed, key_space)
     del packed
     step_min = int(step_col.min())
@@ -290,7 +290,7 @@ def build_model(trace: Trace) -> JobModel:
         duration[missing] = np.nan
     del missing
     # Each template op's chunk is that of its last row in the table.
-    tops.mc[:] = ops["mc"].to_numpy()[op_rows.reshape(n_ops, -1).max(axis=1)]
+    tops.mc[:] = ops["mc"][op_rows.reshape(n_ops, -1).max(axis=1)]
     del op_rows
 
     # A step is modelled only if all its DP ranks are (DP collectives couple them).
@@ -360,7 +360,7 @@ def build_model(trace: Trace) -> JobModel:
         transfer=transfer,
         launch_delay=launch_delay,
         ideal=np.zeros(template.n_ops),
-        worker_rank=_worker_rank(stage_col, dp_col, ops["rank"].to_numpy(), trace.meta.pp_size, dp),
+        worker_rank=_worker_rank(stage_col, dp_col, ops["rank"], trace.meta.pp_size, dp),
         notes=notes,
         ideal_pooling=trace.meta.ideal_pooling,
     )

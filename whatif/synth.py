@@ -20,7 +20,7 @@ import pandas as pd
 from whatif import optypes
 from whatif.model import JobModel, Template
 from whatif.scenarios import Replayer, Scenario
-from whatif.trace import OPTYPE_DTYPE, JobMeta, Trace, make_trace
+from whatif.trace import JobMeta, Trace, make_trace, optype_dtype
 
 
 @dataclass(frozen=True)
@@ -290,7 +290,7 @@ def synthesize(job: SynthJob) -> Trace:
             "stage": stage,
             "rank": stage * dp + dp_idx,
             "step": step_idx,
-            "optype": pd.Categorical.from_codes(codes, dtype=OPTYPE_DTYPE),
+            "optype": pd.Categorical.from_codes(codes, dtype=optype_dtype()),
             "start_ts": start[keep].ravel(),
             "duration": (end[keep] - start[keep]).ravel(),
             "seq_id": seq,

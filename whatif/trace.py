@@ -8,22 +8,31 @@ Validation here covers what one row or the meta can get wrong (columns, types, v
 range, a world size that does not divide). What only the whole step can get wrong (unmatched
 send/recv pairs, a step that lacks ops) is checked when the dependency model is built
 (:mod:`whatif.model`).
+
+The table is held as NumPy arrays (:class:`OpsTable`): a plain Parquet trace goes from Arrow to
+NumPy and through the analysis without pandas. pandas is imported only where a DataFrame is given
+(:func:`make_trace`, Kineto imports, Parquet files that are not plain), asked for
+(:meth:`OpsTable.to_frame`, :func:`write_canonical`), or a bad value is reported.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from minder.core.errors import TraceError
 from whatif import optypes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +175,67 @@ class JobMeta:
             raise TraceError(str(exc).removeprefix("meta: "), where=where) from None
 
 
+class OpsTable:
+    """The canonical op table: one NumPy array per column of :data:`COLUMNS`, all of one length.
+
+    Times are float64 seconds, integer columns int32 when they fit (:func:`narrow_ints`), and
+    ``optype`` holds int8 codes into :data:`whatif.optypes.ALL`. :func:`normalize_ops` (or
+    :func:`make_trace`) builds a validated one; ``table["stage"]`` is a column's array (shared,
+    not copied: treat it as read-only), :meth:`to_frame` the pandas DataFrame of the table.
+    """
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: Mapping[str, np.ndarray]) -> None:
+        missing = [c for c in COLUMNS if c not in columns]
+        extra = [c for c in columns if c not in COLUMNS]
+        if missing or extra:
+            raise ValueError(
+                f"op table columns {list(columns)} lack {missing} or have unknown {extra}; "
+                f"expected {list(COLUMNS)}"
+            )
+        arrays = {c: np.asarray(columns[c]) for c in COLUMNS}
+        lengths = {len(a) for a in arrays.values()}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"op table columns differ in length ({sorted(lengths)}); expected one length"
+            )
+        self._columns = arrays
+
+    def __len__(self) -> int:
+        return len(self._columns["dp_rank"])
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        try:
+            return self._columns[column]
+        except KeyError:
+            raise KeyError(f"no column {column!r}; expected one of {list(COLUMNS)}") from None
+
+    def __contains__(self, column: object) -> bool:
+        return column in self._columns
+
+    def __repr__(self) -> str:
+        return f"OpsTable({len(self):,} ops)"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The column names (:data:`COLUMNS`)."""
+        return COLUMNS
+
+    def take(self, rows: np.ndarray) -> OpsTable:
+        """The rows selected by ``rows`` (indices or a boolean mask), in that order."""
+        return OpsTable({c: a[rows] for c, a in self._columns.items()})
+
+    def to_frame(self) -> pd.DataFrame:
+        """The table as a pandas DataFrame (``optype`` a categorical over every known op type);
+        imports pandas. The frame shares the table's arrays: copy it before changing it."""
+        import pandas as pd  # noqa: PLC0415  (only callers that want a DataFrame pay for it)
+
+        columns: dict[str, Any] = dict(self._columns)
+        columns["optype"] = pd.Categorical.from_codes(columns["optype"], dtype=optype_dtype())
+        return pd.DataFrame(columns, copy=False)
+
+
 @dataclass
 class Trace:
     """A validated job trace: the op table, the job meta and what loading had to fix.
@@ -175,7 +245,7 @@ class Trace:
     ops
         The canonical op table (columns :data:`COLUMNS`; times as float64 seconds, integers as
         int32 when they fit, else as they came: a 20-million-op trace holds about 50 bytes per
-        op, see :func:`narrow_ints`).
+        op, see :func:`narrow_ints`); :meth:`OpsTable.to_frame` gives it as a DataFrame.
     meta
         The job's parallel layout.
     source
@@ -187,7 +257,7 @@ class Trace:
         the input had it (Kineto traces); ``None`` for canonical traces.
     """
 
-    ops: pd.DataFrame
+    ops: OpsTable
     meta: JobMeta
     source: str = ""
     notes: list[str] = field(default_factory=list)
@@ -200,7 +270,7 @@ class Trace:
             return self.meta.name
         return Path(self.source).stem if self.source else "trace"
 
-    def with_ops(self, ops: pd.DataFrame, note: str | None = None) -> Trace:
+    def with_ops(self, ops: pd.DataFrame | OpsTable, note: str | None = None) -> Trace:
         """A copy with another op table (validated against the meta) and one more note."""
         notes = [*self.notes, note] if note else list(self.notes)
         return replace(
@@ -222,8 +292,11 @@ def _where_row(frame: pd.DataFrame, mask: np.ndarray) -> str:
     return "; ".join(shown) + more
 
 
-def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -> pd.DataFrame:
-    """Check and normalise a canonical op table.
+def normalize_ops(
+    frame: pd.DataFrame | OpsTable, meta: JobMeta, *, where: str = "trace"
+) -> OpsTable:
+    """Check and normalise a canonical op table (a DataFrame, or an :class:`OpsTable` to check
+    against another meta).
 
     Missing optional columns are derived: ``seq_id`` as the op's index among ops of its type on its
     worker in its step (by start time), ``mc`` as 0 for compute and DP collectives and −1 otherwise,
@@ -236,6 +309,70 @@ def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -
         A required column is missing, a value is not a finite number, a duration is negative, an op
         type is unknown, or a rank is outside the meta's layout; the message names the rows.
     """
+    if isinstance(frame, OpsTable):
+        return _normalize_arrays(frame._columns, meta, where)
+    return _normalize_frame(frame, meta, where)
+
+
+def _normalize_arrays(raw: Mapping[str, np.ndarray], meta: JobMeta, where: str) -> OpsTable:
+    """:func:`normalize_ops` of columns that are NumPy arrays already (``optype`` as int8 codes),
+    without pandas when they are plain and valid. Anything else (a column missing, another
+    type, a value :func:`normalize_ops` refuses) goes to the DataFrame path, whose result or
+    message is the one a DataFrame of the same columns gets."""
+    columns = _plain_columns(raw, meta)
+    if columns is None:
+        return _normalize_frame(_frame_of(raw), meta, where)
+    _derive_optional(columns, columns["optype"])
+    return OpsTable(columns)
+
+
+def _plain_columns(raw: Mapping[str, np.ndarray], meta: JobMeta) -> dict[str, np.ndarray] | None:
+    """The normalised columns of ``raw`` if every check of :func:`normalize_ops` passes on them
+    as they are, else ``None``."""
+    if any(c not in raw for c in REQUIRED_COLUMNS):
+        return None
+    columns: dict[str, np.ndarray] = {}
+    for col in ("start_ts", "duration"):
+        values = raw[col]
+        if values.dtype != np.float64 or not np.isfinite(values).all():
+            return None
+        columns[col] = values
+    for col in _INT_COLUMNS:
+        if col in raw:
+            if raw[col].dtype.kind not in "iu":
+                return None
+            columns[col] = narrow_ints(raw[col])
+    codes = raw["optype"]
+    if codes.dtype != np.int8 or (
+        len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= len(optypes.ALL))
+    ):
+        return None
+    columns["optype"] = codes
+    if (columns["duration"] < 0).any():
+        return None
+    for col, size_name in (("dp_rank", "dp_size"), ("stage", "pp_size")):
+        values = columns[col]
+        if ((values < 0) | (values >= getattr(meta, size_name))).any():
+            return None
+    return columns
+
+
+def _frame_of(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """A DataFrame of ``columns`` (in :data:`COLUMNS` order; int ``optype`` codes as the
+    categorical), as the op tables of earlier versions were."""
+    import pandas as pd  # noqa: PLC0415
+
+    out: dict[str, Any] = {c: columns[c] for c in COLUMNS if c in columns}
+    codes = out.get("optype")
+    if isinstance(codes, np.ndarray) and codes.dtype.kind in "iu":
+        out["optype"] = pd.Categorical.from_codes(codes, dtype=optype_dtype())
+    return pd.DataFrame(out, copy=False)
+
+
+def _normalize_frame(frame: pd.DataFrame, meta: JobMeta, where: str) -> OpsTable:
+    """:func:`normalize_ops` of a DataFrame."""
+    import pandas as pd  # noqa: PLC0415
+
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise TraceError(
@@ -289,8 +426,9 @@ def normalize_ops(frame: pd.DataFrame, meta: JobMeta, *, where: str = "trace") -
                 f"{_where_row(pd.DataFrame(columns, copy=False), bad)}",
                 where=where,
             )
-    _derive_optional(columns)
-    return pd.DataFrame({c: columns[c] for c in COLUMNS}, copy=False)
+    columns["optype"] = np.asarray(columns["optype"].codes)
+    _derive_optional(columns, columns["optype"])
+    return OpsTable(columns)
 
 
 def narrow_ints(values: np.ndarray) -> np.ndarray:
@@ -315,21 +453,31 @@ _INT32 = np.iinfo(np.int32)
 
 def _numeric(column: pd.Series, dtype: type) -> np.ndarray:
     """``column`` as a NumPy array of ``dtype``; values that are not numbers become NaN."""
+    import pandas as pd  # noqa: PLC0415
+
     if pd.api.types.is_numeric_dtype(column.dtype) and not pd.api.types.is_bool_dtype(column.dtype):
         return column.to_numpy(dtype=dtype, na_value=np.nan)
     return pd.to_numeric(column, errors="coerce").to_numpy(dtype=dtype, na_value=np.nan)
 
 
-OPTYPE_DTYPE = pd.CategoricalDtype(list(optypes.ALL))
-"""The dtype of the ``optype`` column: a categorical over every known op type."""
+@cache
+def optype_dtype() -> pd.CategoricalDtype:
+    """The pandas dtype of :meth:`OpsTable.to_frame`'s ``optype`` column: a categorical over
+    every known op type (its codes are :class:`OpsTable`'s); imports pandas."""
+    import pandas as pd  # noqa: PLC0415
+
+    return pd.CategoricalDtype(list(optypes.ALL))
 
 
 def _optype_column(column: pd.Series, where: str) -> pd.Categorical:
     """``column`` as a categorical of known op types; unknown names are refused with counts."""
-    if column.dtype == OPTYPE_DTYPE:
+    import pandas as pd  # noqa: PLC0415
+
+    dtype = optype_dtype()
+    if column.dtype == dtype:
         known = np.asarray(column.cat.codes.to_numpy())
         if len(known) == 0 or int(known.min()) >= 0:  # already the known types, none missing
-            return pd.Categorical.from_codes(known, dtype=OPTYPE_DTYPE)
+            return pd.Categorical.from_codes(known, dtype=dtype)
     if isinstance(column.dtype, pd.CategoricalDtype):
         codes = column.cat.codes.to_numpy()
         uniques = np.array([str(c) for c in column.cat.categories], dtype=object)
@@ -350,25 +498,20 @@ def _optype_column(column: pd.Series, where: str) -> pd.Categorical:
             f"{first}); expected one of {list(optypes.ALL)}",
             where=where,
         )
-    return pd.Categorical.from_codes(known_codes, dtype=OPTYPE_DTYPE)
+    return pd.Categorical.from_codes(known_codes, dtype=dtype)
 
 
-def _derive_optional(columns: dict[str, Any]) -> None:
-    """Fill the optional columns that ``columns`` lacks (see :func:`normalize_ops`)."""
+def _derive_optional(columns: dict[str, Any], codes: np.ndarray) -> None:
+    """Fill the optional columns that ``columns`` lacks (see :func:`normalize_ops`); ``codes``
+    are the op types' codes."""
     missing = [c for c in OPTIONAL_COLUMNS if c not in columns]
     if not missing:
         return
-    codes = np.asarray(columns["optype"].codes)
     compute_codes = [optypes.ALL.index(t) for t in optypes.COMPUTE]
     chunk_codes = compute_codes + [optypes.ALL.index(t) for t in optypes.DP_COMM]
     is_compute = np.isin(codes, compute_codes)
     if "seq_id" not in columns:
-        keys = pd.DataFrame(
-            {k: columns[k] for k in ("step", "dp_rank", "stage", "start_ts")} | {"optype": codes}
-        )
-        order = keys.sort_values("start_ts", kind="stable")
-        seq = order.groupby(["step", "dp_rank", "stage", "optype"], sort=False).cumcount()
-        columns["seq_id"] = seq.reindex(keys.index).to_numpy(dtype=np.int64)
+        columns["seq_id"] = _sequence_ids(columns, codes)
     if "mc" not in columns:
         columns["mc"] = np.where(np.isin(codes, chunk_codes), 0, -1).astype(np.int64)
     if "gmc" not in columns:
@@ -381,16 +524,47 @@ def _derive_optional(columns: dict[str, Any]) -> None:
         columns[col] = narrow_ints(columns[col])
 
 
-def infer_meta(frame: pd.DataFrame, *, name: str = "") -> JobMeta:
+def _sequence_ids(columns: Mapping[str, np.ndarray], codes: np.ndarray) -> np.ndarray:
+    """Per row: its index among the rows of its (step, dp_rank, stage, op type) in start order
+    (ties in row order)."""
+    n = len(codes)
+    by_start = np.argsort(columns["start_ts"], kind="stable")
+    keys = [columns[k][by_start] for k in ("step", "dp_rank", "stage")] + [codes[by_start]]
+    grouped = np.lexsort(keys[::-1])  # stable: start order kept within each group
+    rows = by_start[grouped]
+    new_group = np.ones(n, dtype=bool)
+    for key in keys:
+        ordered = key[grouped]
+        new_group[1:] &= ordered[1:] == ordered[:-1]
+    new_group[1:] = ~new_group[1:]
+    first = np.flatnonzero(new_group)
+    position = np.arange(n, dtype=np.int64)
+    seq = np.empty(n, dtype=np.int64)
+    seq[rows] = position - first[np.cumsum(new_group) - 1]
+    return seq
+
+
+def infer_meta(
+    frame: pd.DataFrame | OpsTable | Mapping[str, np.ndarray], *, name: str = ""
+) -> JobMeta:
     """A meta from the ranks present in ``frame`` (no TP/DSP; VPP from the chunk ids)."""
     for col in ("dp_rank", "stage"):
-        if col not in frame.columns:
+        if col not in frame:
             raise TraceError(f"missing column {col!r}; cannot infer the job layout", where="trace")
-    if len(frame) == 0:
+    if len(frame["dp_rank"]) == 0:
         raise TraceError("the trace has no ops", where="trace")
-    dp = int(pd.to_numeric(frame["dp_rank"]).max()) + 1
-    pp = int(pd.to_numeric(frame["stage"]).max()) + 1
-    vpp = int(pd.to_numeric(frame["mc"]).max()) + 1 if "mc" in frame.columns else 1
+
+    def top(col: str) -> int:
+        values = frame[col]
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+            return int(values.max())
+        import pandas as pd  # noqa: PLC0415
+
+        return int(pd.to_numeric(values).max())
+
+    dp = top("dp_rank") + 1
+    pp = top("stage") + 1
+    vpp = top("mc") + 1 if "mc" in frame else 1
     return JobMeta(dp_size=max(dp, 1), pp_size=max(pp, 1), vpp_size=max(vpp, 1), name=name)
 
 
@@ -443,8 +617,10 @@ def read_canonical(path: str | Path, meta: JobMeta | str | Path | None = None) -
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"trace file {str(path)!r} does not exist")
-    frame = _read_parquet_lean(path)
+    frame: pd.DataFrame | Mapping[str, np.ndarray] | None = _read_parquet_lean(path)
     if frame is None:  # anything unusual: the general reader, whose checks name the rows
+        import pandas as pd  # noqa: PLC0415
+
         try:
             frame = pd.read_parquet(path)
         except (OSError, ValueError) as exc:
@@ -462,7 +638,10 @@ def read_canonical(path: str | Path, meta: JobMeta | str | Path | None = None) -
                 f"no meta file beside {path.name}: layout inferred from the ranks present "
                 f"(dp_size={job_meta.dp_size}, pp_size={job_meta.pp_size})"
             )
-    ops = normalize_ops(frame, job_meta, where=str(path))
+    if isinstance(frame, Mapping):
+        ops = _normalize_arrays(frame, job_meta, str(path))
+    else:
+        ops = _normalize_frame(frame, job_meta, str(path))
     return Trace(ops=ops, meta=job_meta, source=str(path), notes=notes)
 
 
@@ -471,9 +650,10 @@ _READ_BATCH_ROWS = 1 << 18
 batches and Arrow's pre-buffering leave more freed memory in Arrow's allocator)."""
 
 
-def _read_parquet_lean(path: Path) -> pd.DataFrame | None:
+def _read_parquet_lean(path: Path) -> dict[str, np.ndarray] | None:
     """The canonical columns of a well-formed Parquet trace, read batch by batch into narrow
-    arrays (integers as int32 when they fit, op types as categorical codes).
+    NumPy arrays (integers as int32 when they fit, op types as int8 codes into
+    :data:`whatif.optypes.ALL`), without pandas.
 
     Reading the whole file with pandas holds the Arrow table and its int64 copy at once (about
     180 bytes per op); this holds the result and one batch. Returns ``None`` when the file is
@@ -481,8 +661,7 @@ def _read_parquet_lean(path: Path) -> pd.DataFrame | None:
     one is expected, an unknown op type, or a file Arrow cannot read. The general reader then
     reads it and its validation names what is wrong.
     """
-    import pyarrow as pa  # noqa: PLC0415  (pandas imports it for Parquet anyway)
-    import pyarrow.compute as pc  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415  (only Parquet input needs it)
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     try:
@@ -510,22 +689,24 @@ def _read_parquet_lean(path: Path) -> pd.DataFrame | None:
                     if not pa.types.is_dictionary(kind):
                         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
                             return None
+                        import pyarrow.compute as pc  # noqa: PLC0415  (plain strings only)
+
                         array = pc.dictionary_encode(array)
                     lookup = np.array(
                         [known.get(str(v), -1) for v in array.dictionary.to_pylist()] + [-1],
                         dtype=np.int8,
                     )
-                    values = lookup[array.indices.to_numpy(zero_copy_only=False)]
+                    values = lookup[_arrow_numbers(array.indices)]
                     if len(values) and int(values.min()) < 0:
                         return None
                 elif col in ("start_ts", "duration"):
                     if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)):
                         return None
-                    values = array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+                    values = _arrow_numbers(array).astype(np.float64, copy=False)
                 else:
                     if not pa.types.is_integer(kind):
                         return None
-                    values = narrow_ints(array.to_numpy(zero_copy_only=False))
+                    values = narrow_ints(_arrow_numbers(array))
                 target = out.get(col)
                 if target is None:
                     target = out[col] = np.empty(n_rows, dtype=values.dtype)
@@ -540,16 +721,26 @@ def _read_parquet_lean(path: Path) -> pd.DataFrame | None:
     finally:
         # Arrow's allocator keeps the freed batches otherwise (as much again as the result).
         pa.default_memory_pool().release_unused()
-    columns: dict[str, Any] = dict(out)
-    columns["optype"] = pd.Categorical.from_codes(out["optype"], dtype=OPTYPE_DTYPE)
-    return pd.DataFrame({c: columns[c] for c in wanted}, copy=False)
+    return {c: out[c] for c in wanted}
+
+
+def _arrow_numbers(array: Any) -> np.ndarray:
+    """The values of an Arrow integer or floating-point array without nulls: a read-only NumPy
+    view of its data buffer (``Array.to_numpy`` would import pandas)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    kind = array.type
+    # Arrow names its integer types as NumPy does (int8 … uint64); floats by their width.
+    dtype = np.dtype(f"float{kind.bit_width}" if pa.types.is_floating(kind) else str(kind))
+    data = array.buffers()[1]
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def write_canonical(trace: Trace, path: str | Path) -> tuple[Path, Path]:
     """Write ``trace`` as ``path`` (Parquet) and its meta YAML beside it; return both paths."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    trace.ops.loc[:, list(COLUMNS)].to_parquet(path, index=False)
+    trace.ops.to_frame().to_parquet(path, index=False)
     stem = path.name.removesuffix(".parquet")
     match = re.fullmatch(r"trace[-_](.+)", stem)
     meta_path = path.with_name(f"meta-{match.group(1)}.yaml" if match else f"{stem}.yaml")
@@ -557,7 +748,9 @@ def write_canonical(trace: Trace, path: str | Path) -> tuple[Path, Path]:
     return path, meta_path
 
 
-def make_trace(frame: pd.DataFrame, meta: JobMeta | None = None, *, source: str = "") -> Trace:
+def make_trace(
+    frame: pd.DataFrame | OpsTable, meta: JobMeta | None = None, *, source: str = ""
+) -> Trace:
     """Validate an in-memory op table into a :class:`Trace` (meta inferred when ``None``)."""
     notes: list[str] = []
     if meta is None:

@@ -29,7 +29,9 @@ def _write(tmp_path: Path, frame: pd.DataFrame, meta: dict[str, int] | None = No
 
 def test_missing_columns(tmp_path: Path, good: Trace) -> None:
     path = _write(
-        tmp_path, good.ops.drop(columns=["duration", "stage"]), {"dp_size": 2, "pp_size": 2}
+        tmp_path,
+        good.ops.to_frame().drop(columns=["duration", "stage"]),
+        {"dp_size": 2, "pp_size": 2},
     )
     with pytest.raises(TraceError, match=r"missing column\(s\) \['stage', 'duration'\]") as info:
         load_trace(path)
@@ -37,14 +39,14 @@ def test_missing_columns(tmp_path: Path, good: Trace) -> None:
 
 
 def test_negative_durations(good: Trace) -> None:
-    ops = good.ops.copy()
+    ops = good.ops.to_frame().copy()
     ops.loc[7, "duration"] = -0.5
     with pytest.raises(TraceError, match=r"1 row\(s\) have a negative duration: row 7 step=0"):
         make_trace(ops, good.meta)
 
 
 def test_unknown_op_types(good: Trace) -> None:
-    ops = good.ops.copy()
+    ops = good.ops.to_frame().copy()
     ops["optype"] = ops["optype"].astype(str)
     ops.loc[[3, 4], "optype"] = "moe-all-to-all"
     with pytest.raises(
@@ -56,7 +58,7 @@ def test_unknown_op_types(good: Trace) -> None:
 
 
 def test_unmatched_send_recv_pairs(good: Trace) -> None:
-    ops = good.ops
+    ops = good.ops.to_frame()
     drop = (ops["optype"] == "backward-send") & (ops["seq_id"] == 0)
     with pytest.raises(
         TraceError,
@@ -67,7 +69,9 @@ def test_unmatched_send_recv_pairs(good: Trace) -> None:
 
 
 def test_world_size_that_does_not_divide(tmp_path: Path, good: Trace) -> None:
-    path = _write(tmp_path, good.ops, {"dp_size": 2, "pp_size": 2, "tp_size": 2, "world_size": 12})
+    path = _write(
+        tmp_path, good.ops.to_frame(), {"dp_size": 2, "pp_size": 2, "tp_size": 2, "world_size": 12}
+    )
     with pytest.raises(TraceError, match=r"world_size 12 does not equal .* = 8") as info:
         load_trace(path)
     assert "meta-bad.yaml" in str(info.value)
@@ -79,7 +83,7 @@ def test_ranks_outside_the_layout(good: Trace) -> None:
 
 
 def test_values_that_are_not_numbers(good: Trace) -> None:
-    ops = good.ops.copy()
+    ops = good.ops.to_frame().copy()
     ops["start_ts"] = ops["start_ts"].astype(object)
     ops.loc[2, "start_ts"] = "soon"
     with pytest.raises(
@@ -88,7 +92,7 @@ def test_values_that_are_not_numbers(good: Trace) -> None:
         r"finite numbers: row 2",
     ):
         make_trace(ops, good.meta)
-    ops = good.ops.copy()
+    ops = good.ops.to_frame().copy()
     ops["seq_id"] = ops["seq_id"].astype(float)
     ops.loc[5, "seq_id"] = 1.5
     with pytest.raises(TraceError, match=r"column 'seq_id' has 1 value\(s\) that are not integers"):
@@ -96,7 +100,7 @@ def test_values_that_are_not_numbers(good: Trace) -> None:
 
 
 def test_meta_yaml_problems(tmp_path: Path, good: Trace) -> None:
-    path = _write(tmp_path, good.ops, {"pp_size": 2})
+    path = _write(tmp_path, good.ops.to_frame(), {"pp_size": 2})
     with pytest.raises(TraceError, match=r"missing key\(s\) \['dp_size'\]"):
         load_trace(path)
     (tmp_path / "meta-bad.yaml").write_text("dp_size: two\npp_size: 2\n")
@@ -119,7 +123,7 @@ def test_not_a_trace_at_all(tmp_path: Path) -> None:
 
 def test_partial_last_step_is_dropped_and_the_rest_analysed(good: Trace) -> None:
     # A trace cut mid-step: the analysis is still trustworthy on the complete steps.
-    ops = good.ops
+    ops = good.ops.to_frame()
     last = ops["step"] == ops["step"].max()
     cut = ops[~last | (ops["start_ts"] < ops.loc[last, "start_ts"].median())]
     report = analyze(good.with_ops(cut.reset_index(drop=True)))
@@ -132,7 +136,7 @@ def test_canonical_round_trip(tmp_path: Path, good: Trace) -> None:
     assert meta.name == "meta-job.yaml"
     back = load_trace(parquet)
     assert back.meta == good.meta
-    pd.testing.assert_frame_equal(back.ops, good.ops)
+    pd.testing.assert_frame_equal(back.ops.to_frame(), good.ops.to_frame())
     np.testing.assert_allclose(analyze(back).slowdown, analyze(good).slowdown)
 
 
@@ -140,11 +144,11 @@ def test_integers_are_stored_narrow_and_read_back_alike(tmp_path: Path, good: Tr
     # Index columns are int32 whether the trace comes from memory or from Parquet; a value that
     # does not fit keeps its 64 bits, and the analysis is the same either way.
     assert {str(good.ops[c].dtype) for c in ("dp_rank", "stage", "step", "seq_id")} == {"int32"}
-    ops = good.ops.assign(step=good.ops["step"].astype(np.int64) + 2**40)
+    ops = good.ops.to_frame().assign(step=good.ops["step"].astype(np.int64) + 2**40)
     wide = make_trace(ops, good.meta)
     assert wide.ops["step"].dtype == np.int64
     back = load_trace(write_canonical(wide, tmp_path / "trace-wide.parquet")[0])
-    pd.testing.assert_frame_equal(back.ops, wide.ops)
+    pd.testing.assert_frame_equal(back.ops.to_frame(), wide.ops.to_frame())
     assert analyze(back).slowdown == analyze(good).slowdown
 
 
@@ -152,9 +156,10 @@ def test_parquet_that_is_not_plain_is_read_by_the_general_reader(
     tmp_path: Path, good: Trace
 ) -> None:
     # Op types as plain strings, integers stored as floats: read as if they were plain.
-    plain = good.ops.assign(optype=good.ops["optype"].astype(str), seq_id=good.ops["seq_id"] * 1.0)
+    frame = good.ops.to_frame()
+    plain = frame.assign(optype=frame["optype"].astype(str), seq_id=frame["seq_id"] * 1.0)
     path = _write(tmp_path, plain, {"dp_size": 2, "pp_size": 2})
-    pd.testing.assert_frame_equal(load_trace(path).ops, good.ops)
+    pd.testing.assert_frame_equal(load_trace(path).ops.to_frame(), frame)
     # A missing value still gets the general reader's message naming the row.
     holes = plain.astype({"seq_id": "float64"})
     holes.loc[3, "seq_id"] = np.nan

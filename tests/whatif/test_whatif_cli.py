@@ -98,7 +98,7 @@ def test_timeline_export(small: Path, tmp_path: Path) -> None:
         assert all(e["dur"] >= 0 for e in spans)
     actual = json.loads(gzip.decompress((tmp_path / "tl-actual.json.gz").read_bytes()))
     first = [e for e in actual["traceEvents"] if e["ph"] == "X" and e["args"]["step"] == 0]
-    ops = trace.ops[trace.ops["step"] == 0]
+    ops = trace.ops.take(trace.ops["step"] == 0)
     # The actual timeline is the trace (step-relative), in microseconds.
     end = max(e["ts"] + e["dur"] for e in first)
     expected = (ops["start_ts"] + ops["duration"]).max() - ops["start_ts"].min()

@@ -38,7 +38,7 @@ def _nccl_kernels(path: Path) -> int:
 def test_real_traces_load(name: str) -> None:
     path = need(KINETO / name)
     trace = load_trace(path)
-    ops = trace.ops
+    ops = trace.ops.to_frame()
     assert len(ops) > 0
     assert set(ops["optype"].astype(str)) >= {"forward-compute", "backward-compute"}
     assert (ops["duration"] >= 0).all()
@@ -83,7 +83,7 @@ def test_real_two_rank_job_matches_collectives() -> None:
         "matched 10 collective(s) across ranks (alltoall ×4, allreduce ×4, allgather ×2)" in n
         for n in trace.notes
     )
-    assert (trace.ops["optype"] == "all-to-all").sum() == 8
+    assert (trace.ops.to_frame()["optype"] == "all-to-all").sum() == 8
     assert trace.rank_stats is not None and list(trace.rank_stats["rank"]) == [0, 1]
     report = analyze(trace)
     assert report.verdict.cause in {
@@ -131,8 +131,9 @@ def test_synthetic_job_round_trips(
     )
     back = load_trace(tmp_path, meta=JobMeta(dp_size=2, pp_size=4))
     keys = ["step", "dp_rank", "stage", "optype", "seq_id"]
-    a = original.ops.assign(optype=original.ops["optype"].astype(str)).sort_values(keys)
-    b = back.ops.assign(optype=back.ops["optype"].astype(str)).sort_values(keys)
+    a, b = original.ops.to_frame(), back.ops.to_frame()
+    a = a.assign(optype=a["optype"].astype(str)).sort_values(keys)
+    b = b.assign(optype=b["optype"].astype(str)).sort_values(keys)
     assert len(a) == len(b)
     pd.testing.assert_frame_equal(a[keys].reset_index(drop=True), b[keys].reset_index(drop=True))
     shift = original.ops["start_ts"].min()

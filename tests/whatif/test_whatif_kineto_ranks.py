@@ -211,7 +211,8 @@ def test_all_to_all_is_matched_across_ranks(
         f"allreduce ×{STEPS})"
     )
     assert f"({method}: {3 * STEPS * 4} rank-op(s))" in note
-    a2a = trace.ops[trace.ops["optype"] == "all-to-all"]
+    frame = trace.ops.to_frame()
+    a2a = frame[frame["optype"] == "all-to-all"]
     assert len(a2a) == 2 * STEPS * 4
     assert set(a2a["seq_id"]) == {0, 1}
     model = build_model(trace)
@@ -241,7 +242,8 @@ def test_sequence_numbers_keep_instances_apart(tmp_path: Path) -> None:
     events.remove(lost)
     path.write_text(json.dumps(data))
     trace = load_trace(tmp_path)
-    mine = trace.ops[(trace.ops["rank"] == 3) & (trace.ops["step"] == 11)]
+    ops = trace.ops.to_frame()
+    mine = ops[(ops["rank"] == 3) & (ops["step"] == 11)]
     assert list(mine.loc[mine["optype"] == "all-to-all", "seq_id"]) == [1]
     model = build_model(trace)
     assert 11 not in model.steps.tolist() and model.n_steps == STEPS - 1

@@ -118,7 +118,7 @@ def test_observed_order_contradicting_the_schedule_is_a_cycle() -> None:
 
 def test_unmatched_send_recv_is_refused() -> None:
     trace = synthesize(SynthJob(dp=1, pp=2, microbatches=2, steps=2))
-    ops = trace.ops
+    ops = trace.ops.to_frame()
     keep = ~((ops["optype"] == "forward-recv") & (ops["seq_id"] == 1))
     with pytest.raises(TraceError, match=r"unmatched send/recv pairs.*forward-recv"):
         build_model(trace.with_ops(ops[keep].reset_index(drop=True)))
@@ -126,7 +126,7 @@ def test_unmatched_send_recv_is_refused() -> None:
 
 def test_surplus_zero_duration_p2p_is_dropped_as_noop() -> None:
     trace = synthesize(SynthJob(dp=1, pp=2, microbatches=2, steps=2))
-    ops = trace.ops
+    ops = trace.ops.to_frame()
     stage0 = ops[(ops["stage"] == 0) & (ops["optype"] == "forward-compute")]
     noop = stage0.assign(optype="forward-recv", duration=0.0)  # stage 0 never receives forward
     model = build_model(trace.with_ops(pd.concat([ops, noop], ignore_index=True)))
@@ -148,8 +148,9 @@ def test_replay_reproduces_synthetic_trace_and_is_batch_invariant() -> None:
     tiny = Replayer(model, memory_budget=1)  # one scenario per pass
     assert tiny.batch_size() == 1
     np.testing.assert_allclose(tiny.step_times(scenarios), one_batch, rtol=0, atol=1e-12)
-    recorded = (trace.ops["start_ts"] + trace.ops["duration"]).groupby(trace.ops["step"]).max()
-    first = trace.ops.groupby("step")["start_ts"].min()
+    ops = trace.ops.to_frame()
+    recorded = (ops["start_ts"] + ops["duration"]).groupby(ops["step"]).max()
+    first = ops.groupby("step")["start_ts"].min()
     np.testing.assert_allclose(one_batch[0], (recorded - first).to_numpy(), atol=1e-9)
     start, end = Replayer(model).timeline(Scenario("actual", launch_delay=True))
     np.testing.assert_allclose(start, model.start, atol=1e-9)
@@ -191,7 +192,7 @@ def test_the_model_does_not_depend_on_row_order() -> None:
     # The layout is a dense lookup of each row's cell, not a sort: shuffled rows give the same
     # model to the bit.
     trace = synthesize(SynthJob(dp=3, pp=3, microbatches=4, steps=4, seq_cv=0.2, seed=11))
-    shuffled = trace.ops.sample(frac=1.0, random_state=7).reset_index(drop=True)
+    shuffled = trace.ops.to_frame().sample(frac=1.0, random_state=7).reset_index(drop=True)
     a, b = build_model(trace), build_model(trace.with_ops(shuffled))
     for name, value in _arrays(a).items():
         np.testing.assert_array_equal(_arrays(b)[name], value, err_msg=name)
@@ -203,7 +204,7 @@ def test_sparse_step_and_sequence_ids_are_numbered_by_sorting() -> None:
     # Ids spread over a range far larger than the trace take the np.unique path; the model is
     # the same up to the ids themselves.
     trace = synthesize(SynthJob(dp=2, pp=2, microbatches=3, steps=3, seed=2))
-    sparse = trace.ops.assign(
+    sparse = trace.ops.to_frame().assign(
         step=trace.ops["step"].astype(np.int64) * 10**9 + 5,
         seq_id=trace.ops["seq_id"].astype(np.int64) * 10**7,
         mb_id=trace.ops["mb_id"].astype(np.int64) * 10**7,

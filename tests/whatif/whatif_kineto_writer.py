@@ -198,7 +198,7 @@ def write_kineto(
     dp = trace.meta.dp_size
     prefix = "ncclDevKernel_" if new_nccl_names else "ncclKernel_"
     paths = []
-    for (stage, d), rows in trace.ops.groupby(["stage", "dp_rank"], sort=True):
+    for (stage, d), rows in trace.ops.to_frame().groupby(["stage", "dp_rank"], sort=True):
         rank = int(stage) * dp + int(d)
         writer = _RankWriter(rank, int(stage), int(d), prefix, with_directions)
         for step, step_rows in rows.groupby("step", sort=True):
