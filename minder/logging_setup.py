@@ -3,19 +3,49 @@
 from __future__ import annotations
 
 import logging
+import threading
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.logging import RichHandler
+if TYPE_CHECKING:
+    from rich.logging import RichHandler
+
+
+class LazyRichHandler(logging.Handler):
+    """Writes through rich's :class:`~rich.logging.RichHandler` on stderr, built (and rich's
+    console, logging and traceback modules imported, about 50 ms) at the first record: a CLI
+    command that logs nothing at its level does not pay for it."""
+
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self._inner: RichHandler | None = None
+        self._build = threading.Lock()
+
+    def _handler(self) -> RichHandler:
+        with self._build:
+            if self._inner is None:
+                from rich.console import Console  # noqa: PLC0415  (see the class)
+                from rich.logging import RichHandler  # noqa: PLC0415
+
+                # stderr, so that a command's output (tables, --format json) stays clean.
+                inner = RichHandler(
+                    console=Console(stderr=True), show_path=False, rich_tracebacks=True
+                )
+                inner.setFormatter(self.formatter)
+                self._inner = inner
+            return self._inner
+
+    def setFormatter(self, fmt: logging.Formatter | None) -> None:  # noqa: N802  (logging's name)
+        super().setFormatter(fmt)
+        if self._inner is not None:
+            self._inner.setFormatter(fmt)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._handler().emit(record)
 
 
 def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:
     """Configure the root logger once; libraries only call ``logging.getLogger(__name__)``."""
-    handler: logging.Handler = (
-        # stderr, so that a command's output (tables, --format json) stays clean on stdout.
-        RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)
-        if rich
-        else logging.StreamHandler()
-    )
+    handler: logging.Handler = LazyRichHandler() if rich else logging.StreamHandler()
     logging.basicConfig(
         level=level.upper(),
         format="%(message)s" if rich else "%(asctime)s %(levelname)s %(name)s: %(message)s",
