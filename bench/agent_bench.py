@@ -25,7 +25,8 @@ Printed (measured after a warm-up of ``--warmup`` seconds):
 - CPU of the agent process as % of one core (user + system time / wall time), and separately
   the CPU of the ``ethtool`` child processes it ran; the updater, the probe client and the
   broker are other processes and are not counted;
-- peak RSS of the agent process (``getrusage``);
+- peak RSS of the agent process (``getrusage``), and whether numpy was loaded by then (the
+  codec's decoder side, which the comparison below needs, is imported only after it);
 - mean collect time per source (ms), samples per batch;
 - bytes on the wire per node-second: every batch the runner encodes in the measured window is
   counted as it leaves the runner's own encoder (from schema 2 on a stateful
@@ -238,7 +239,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from collectors.probe import ProbeSource  # noqa: PLC0415
     from collectors.rdma import RdmaSource  # noqa: PLC0415
     from minder.agent_runner import AgentRunner  # noqa: PLC0415
-    from minder.core.codec import WireFormat, encode_batch  # noqa: PLC0415
     from minder.core.records import METRICS_TOPIC, NodeBatch  # noqa: PLC0415
     from minder.stream.spool import Spool  # noqa: PLC0415
 
@@ -324,9 +324,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         inlined = None if encoder is None else encoder.stats.layouts_inlined - (inlined0 or 0)
         runner.stop()
         peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        numpy_loaded = "numpy" in sys.modules
         if wire_batches < 1:
             raise SystemExit(f"no batch was encoded in {wall:.1f} s: the agent is not running")
         batch = recent[-1]
+        # Imported only now: the codec's decoder side loads numpy, which the agent itself does
+        # not (from issue 14 on), so importing it earlier would count it in the peak RSS.
+        from minder.core.codec import WireFormat, encode_batch  # noqa: PLC0415
+
         # schema 1 is stateless: the last few batches stand for all of them
         sizes = {
             f"schema1_{fmt.value}": sum(len(encode_batch(b, fmt)) for b in recent) / len(recent)
@@ -351,6 +356,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "agent_cpu_percent_of_one_core": round(100 * cpu / wall, 3),
             "ethtool_children_cpu_percent": round(100 * children / wall, 3),
             "peak_rss_mib": round(peak_rss_mib, 1),
+            "numpy_loaded_by_agent": numpy_loaded,
             "mean_collect_ms": {
                 name: round(1000 * (per_source[name] - per_source0.get(name, 0.0)) / collections, 3)
                 for name in per_source

@@ -17,6 +17,7 @@ runner sends last on a clean stop (a ``leave`` event: the node leaves its job on
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -165,6 +166,7 @@ class Agent:
         errors: Counter[tuple[str, str]] = Counter()
         counts: dict[tuple[str, str], float] = {}
         seconds: dict[str, float] = {}
+        specs = self._specs
         for source in self.sources:
             started = time.perf_counter()
             try:
@@ -198,10 +200,18 @@ class Agent:
                         device,
                     )
                     continue
-                spec = self._valid(source.name, metric, device, value)
-                if spec is None:
-                    errors[(source.name, "invalid_sample")] += 1
-                    continue
+                spec = specs.get(key)
+                # A known pair with a float in range (bounds are finite: NaN and inf fail)
+                # needs no further check; anything else takes the check that names the fault.
+                if (
+                    spec is None
+                    or value.__class__ is not float
+                    or not (spec.lower <= value <= spec.upper)
+                ):
+                    spec = self._valid(source.name, metric, device, value)
+                    if spec is None:
+                        errors[(source.name, "invalid_sample")] += 1
+                        continue
                 seen.add(key)
                 samples.append((metric, device, float(value)))
                 if spec.kind is MetricKind.COUNT:
@@ -251,7 +261,8 @@ class Agent:
             spec = self._specs.get((metric, device))
             if spec is None:
                 spec = validate_sample(metric, device, value)
-                if len(self._specs) < 100_000:
+                finite = math.isfinite(spec.lower) and math.isfinite(spec.upper)
+                if len(self._specs) < 100_000 and finite:  # (the fast path relies on it)
                     self._specs[(metric, device)] = spec
             else:
                 validate_value(spec, value)

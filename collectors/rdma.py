@@ -12,7 +12,9 @@ Per port ``<root>/class/infiniband/<dev>/ports/<p>/`` this source reads:
 
 The device is ``<dev>`` for port 1 and ``<dev>:<port>`` for other ports, so a single-port NIC
 (every mlx5 function) is just ``mlx5_0``. Every file is read on every ``collect`` (sysfs values
-are produced on read; mlx5 ``hw_counters`` are cached by the driver for ``lifespan`` ms).
+are produced on read; mlx5 ``hw_counters`` are cached by the driver for ``lifespan`` ms); on a
+sysfs mount the files stay open and are re-read from offset 0 (``pread``), and where a port's
+counters live (``counters/`` or ``hw_counters/``) is found once per port, not per read.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from collectors.base import Collected, CounterRates, ProblemLog
 from minder.core.records import Event, EventKind
 
-__all__ = ["RdmaSource", "port_device_name"]
+__all__ = ["MAX_OPEN_FILES", "RdmaSource", "is_sysfs", "port_device_name"]
 
 _ACTIVE = 4
 """``state`` number of an ACTIVE port (IBA: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."""
@@ -50,11 +52,46 @@ _CNP: tuple[tuple[str, str], ...] = (
     ("rp_cnp_handled", "rdma_cnp_handled_per_second"),
 )
 _FILES: tuple[str, ...] = (*(r[0] for r in _RATES), *(c[0] for c in _COUNTS), *(c[0] for c in _CNP))
+_READ_SIZE = 4096
+"""Bytes read from a file: a sysfs attribute holds at most one page (a counter ~20 bytes)."""
+MAX_OPEN_FILES = 512
+"""Files an :class:`RdmaSource` keeps open (8 per port); beyond it they are opened per read."""
 
 
 def port_device_name(device: str, port: int) -> str:
     """Canonical NIC device of an RDMA port: ``mlx5_0`` for port 1, ``mlx4_0:2`` otherwise."""
     return device if port == 1 else f"{device}:{port}"
+
+
+def is_sysfs(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies on a sysfs mount (``/proc/self/mountinfo``; False if unreadable)."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 5 or not rest:
+                    continue
+                point = parts[4].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):  # the last mount over a point wins
+                    best, fstype = point, rest.split()[0]
+    except OSError:
+        return False
+    return fstype == "sysfs"
+
+
+@dataclass(slots=True)
+class _PortPlan:
+    """Where one port's files are, found once while the port exists."""
+
+    port: str
+    hw_counters: bool
+    """Whether the port has ``hw_counters/`` (only then are CNP counters looked for)."""
+    found: dict[str, str] = field(default_factory=dict)
+    """Counter name -> the file it was found in (``counters/`` or ``hw_counters/``)."""
 
 
 class RdmaSource:
@@ -63,11 +100,19 @@ class RdmaSource:
     Parameters
     ----------
     sysfs_root
-        Mount point of sysfs; ``<sysfs_root>/class/infiniband`` is scanned on every collect, so
+        Mount point of sysfs; ``<sysfs_root>/class/infiniband`` is listed on every collect, so
         NICs that appear or vanish (driver reload) are followed.
     clock
         Monotonic seconds at which each counter is read (rates divide by its differences);
         tests inject a manual clock.
+    keep_open
+        Keep each file open and re-read it from offset 0 (``pread``) instead of opening it on
+        every collect: a sysfs attribute produces its value on every read, so this saves the
+        path walk, the open and the close (about 5 of the 6 µs of a read). ``None`` (default):
+        only when ``sysfs_root`` is a sysfs mount, because a regular file replaced by a rename (a
+        captured tree that a test rewrites) would be read stale through an old descriptor.
+        Descriptors are closed when their port leaves the listing and reopened after a read
+        error (``ENODEV`` once a device is gone); at most :data:`MAX_OPEN_FILES` stay open.
     """
 
     name = "rdma"
@@ -77,48 +122,75 @@ class RdmaSource:
         sysfs_root: str | os.PathLike[str] = "/sys",
         *,
         clock: Callable[[], float] = time.monotonic,
+        keep_open: bool | None = None,
     ) -> None:
         self.problems = ProblemLog(self.name)
-        self._root = Path(sysfs_root) / "class" / "infiniband"
+        self._root = os.path.join(os.fspath(sysfs_root), "class", "infiniband")
         self._rates = CounterRates(self.problems, clock=clock)
         self._was_active: dict[str, bool] = {}
-        self._link_layer: dict[Path, str | None] = {}
+        self._link_layer: dict[str, str | None] = {}
         self._absent = False
+        self.keep_open = is_sysfs(sysfs_root) if keep_open is None else keep_open
+        self._fds: dict[str, int] = {}
+        """Open descriptors by path (``keep_open``)."""
+        self._plans: dict[str, _PortPlan] = {}
+        """Per port folder: where its files are (they do not move while the port exists)."""
+        self._listed: tuple[tuple[str, str], ...] = ()
+        self._keep: set[tuple[str, ...]] = set()
+        """The rate keys of the ports last listed."""
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _ports(self) -> list[tuple[str, Path]] | None:
+    def _ports(self) -> list[tuple[str, str]] | None:
         """``(device name, port folder)`` of every port, or None when there is no RDMA device."""
         try:
             devices = sorted(os.listdir(self._root))
         except OSError:
             return None
-        ports: list[tuple[int, str, str, Path]] = []
+        ports: list[tuple[int, str, str]] = []
         for dev in devices:
+            folder = f"{self._root}/{dev}/ports"
             try:
-                entries = os.listdir(self._root / dev / "ports")
+                entries = os.listdir(folder)
             except OSError:
-                self.problems.report("unreadable", f"cannot list {self._root / dev / 'ports'}")
+                self.problems.report("unreadable", f"cannot list {folder}")
                 continue
-            ports.extend(
-                (int(p), dev, p, self._root / dev / "ports" / p) for p in entries if p.isdigit()
-            )
+            ports.extend((int(p), dev, f"{folder}/{p}") for p in entries if p.isdigit())
         ports.sort(key=lambda item: (item[1], item[0]))
-        return [(port_device_name(dev, number), path) for number, dev, _, path in ports] or None
+        return [(port_device_name(dev, number), path) for number, dev, path in ports] or None
 
-    def _read(self, path: Path, *, quiet_missing: bool = False) -> str | None:
-        """Text of a sysfs file, or None with the problem recorded."""
+    def _read(self, path: str, *, quiet_missing: bool = False, keep: bool = True) -> str | None:
+        """Text of a sysfs file, or None with the problem recorded; ``keep``: a file read on
+        every collect, kept open when the source keeps files open."""
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                return os.pread(fd, _READ_SIZE, 0).decode("utf-8", "replace").strip()
+            except OSError:  # ENODEV: the device went away (or came back): open it again
+                del self._fds[path]
+                os.close(fd)
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read().strip()
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             if not quiet_missing:
                 self.problems.report("missing", f"{path} does not exist")
-        except OSError as exc:  # a folder where a file belongs, EACCES, EIO from the driver
+            return None
+        except OSError as exc:  # EACCES, EIO from the driver
             self.problems.report("unreadable", f"cannot read {path}: {exc.strerror or exc}")
-        return None
+            return None
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except OSError as exc:  # a folder where a file belongs (EISDIR), EIO from the driver
+            os.close(fd)
+            self.problems.report("unreadable", f"cannot read {path}: {exc.strerror or exc}")
+            return None
+        if keep and self.keep_open and len(self._fds) < MAX_OPEN_FILES:
+            self._fds[path] = fd
+        else:
+            os.close(fd)
+        return data.decode("utf-8", "replace").strip()
 
-    def _number(self, path: Path, *, quiet_missing: bool = False) -> int | None:
+    def _number(self, path: str, *, quiet_missing: bool = False) -> int | None:
         """Integer value of a counter file, or None with the problem recorded."""
         text = self._read(path, quiet_missing=quiet_missing)
         if text is None:
@@ -135,27 +207,39 @@ class RdmaSource:
             return None
         return value
 
-    def _counter(self, port: Path, name: str) -> int | None:
+    def _counter(self, plan: _PortPlan, name: str) -> int | None:
         """``counters/<name>``, else ``hw_counters/<name>`` (some drivers only have the latter)."""
-        primary = port / "counters" / name
-        if not os.path.lexists(primary):
-            fallback = port / "hw_counters" / name
-            if os.path.lexists(fallback):
-                return self._number(fallback)
-        return self._number(primary)
+        path = plan.found.get(name)
+        if path is None:
+            path = primary = f"{plan.port}/counters/{name}"
+            if not os.path.lexists(primary):
+                fallback = f"{plan.port}/hw_counters/{name}"
+                if os.path.lexists(fallback):
+                    path = fallback
+            if os.path.lexists(path):  # else looked for again next time (and reported missing)
+                plan.found[name] = path
+        return self._number(path)
 
-    def _roce(self, port: Path) -> bool:
+    def _roce(self, port: str) -> bool:
         """Whether the port runs RoCE (Ethernet link layer): only then do CNP counters exist."""
         if port not in self._link_layer:
-            self._link_layer[port] = self._read(port / "link_layer", quiet_missing=True)
+            self._link_layer[port] = self._read(
+                f"{port}/link_layer", quiet_missing=True, keep=False
+            )
         return (self._link_layer[port] or "").lower() == "ethernet"
+
+    def _plan(self, port: str) -> _PortPlan:
+        plan = self._plans.get(port)
+        if plan is None:
+            plan = self._plans[port] = _PortPlan(port, os.path.isdir(f"{port}/hw_counters"))
+        return plan
 
     # -- one port ------------------------------------------------------------------------------
 
-    def _live_counter(self, device: str, port: Path, file: str, saturated: int) -> int | None:
+    def _live_counter(self, device: str, plan: _PortPlan, file: str, saturated: int) -> int | None:
         """A counter's value, or None when unreadable or stuck at its maximum (IB counters
         saturate instead of wrapping, so a stuck one says nothing about the interval)."""
-        value = self._counter(port, file)
+        value = self._counter(plan, file)
         if value == saturated:
             self.problems.report(
                 "counter_saturated", f"{device} {file} stuck at its maximum {value}"
@@ -163,23 +247,24 @@ class RdmaSource:
             return None
         return value
 
-    def _collect_port(self, device: str, port: Path, now: float, out: Collected) -> None:
+    def _collect_port(self, device: str, port: str, now: float, out: Collected) -> None:
+        plan = self._plan(port)
         for file, metric, factor, saturated in _RATES:
-            value = self._live_counter(device, port, file, saturated)
+            value = self._live_counter(device, plan, file, saturated)
             rate = None if value is None else self._rates.rate((device, file), value * factor)
             if rate is not None:
                 out.add(metric, device, rate)
         for file, metric, saturated in _COUNTS:
-            value = self._live_counter(device, port, file, saturated)
+            value = self._live_counter(device, plan, file, saturated)
             count = None if value is None else self._rates.count((device, file), value)
             if count is not None:
                 out.add(metric, device, count)
-        if os.path.isdir(port / "hw_counters"):
+        if plan.hw_counters:
             # IB-link mlx5 ports have hw_counters but no CNP counters (CNPs are RoCE's):
             # their absence is only a problem on a RoCE port.
             quiet = not self._roce(port)
             for file, metric in _CNP:
-                value = self._number(port / "hw_counters" / file, quiet_missing=quiet)
+                value = self._number(f"{port}/hw_counters/{file}", quiet_missing=quiet)
                 if value is None:
                     continue
                 rate = self._rates.rate((device, file), value)
@@ -187,8 +272,8 @@ class RdmaSource:
                     out.add(metric, device, rate)
         self._collect_state(device, port, now, out)
 
-    def _collect_state(self, device: str, port: Path, now: float, out: Collected) -> None:
-        text = self._read(port / "state")
+    def _collect_state(self, device: str, port: str, now: float, out: Collected) -> None:
+        text = self._read(f"{port}/state")
         if text is None:
             self._was_active.pop(device, None)
             return
@@ -199,7 +284,7 @@ class RdmaSource:
             active = number.strip().upper() == "ACTIVE"
         else:
             self.problems.report(
-                "not_numeric", f"{port / 'state'} holds {text[:40]!r}: expected e.g. '4: ACTIVE'"
+                "not_numeric", f"{port}/state holds {text[:40]!r}: expected e.g. '4: ACTIVE'"
             )
             self._was_active.pop(device, None)
             return
@@ -222,17 +307,38 @@ class RdmaSource:
                 self.problems.report("absent", f"no RDMA device under {self._root}")
             self._rates.forget(set())
             self._was_active.clear()
+            self._follow(())
             return out
         self._absent = False
+        listed = tuple(ports)
+        if listed != self._listed:
+            self._follow(listed)
         for device, port in ports:
             self._collect_port(device, port, now, out)
-        names = {device for device, _ in ports}
-        self._rates.forget({(d, f) for d in names for f in _FILES})
-        for gone in set(self._was_active) - names:
-            del self._was_active[gone]
-        for path in set(self._link_layer) - {port for _, port in ports}:
-            del self._link_layer[path]
+        self._rates.forget(self._keep)
         return out
 
+    def _follow(self, listed: tuple[tuple[str, str], ...]) -> None:
+        """The listing changed: forget what belonged to ports no longer in it (a port back
+        later is planned, opened and primed afresh)."""
+        self._listed = listed
+        names = {device for device, _ in listed}
+        folders = {port for _, port in listed}
+        self._keep = {(d, f) for d in names for f in _FILES}
+        for gone in set(self._was_active) - names:
+            del self._was_active[gone]
+        for path in set(self._link_layer) - folders:
+            del self._link_layer[path]
+        for path in set(self._plans) - folders:
+            del self._plans[path]
+        inside = tuple(f"{port}/" for port in folders)
+        for path in [p for p in self._fds if not p.startswith(inside)]:
+            os.close(self._fds.pop(path))
+
     def close(self) -> None:
-        """Nothing to release: files are opened and closed per read."""
+        """Close the files kept open."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+        self._plans.clear()
+        self._listed = ()

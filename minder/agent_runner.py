@@ -4,7 +4,7 @@ Two threads share a :class:`~minder.stream.spool.Spool`:
 
 - the *collector* calls :meth:`collectors.agent.Agent.collect_once` on a fixed cadence
   (``interval_s``, scheduled against the monotonic clock, so a slow interval does not shift the
-  next ones), encodes the batch (a :class:`~minder.core.codec.BatchEncoder`: schema 2 by
+  next ones), encodes the batch (a :class:`~minder.core.encode.BatchEncoder`: schema 2 by
   default, the node's layout inlined in its first batch, at each change and every few batches)
   and appends it to the spool. It never waits for the network, so the cadence holds while Kafka
   is down;
@@ -57,9 +57,10 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from collectors.agent import Agent, SenderCounters
-from minder.core.codec import AGENT_FORMAT, BatchEncoder, WireFormat
+from minder.core.encode import BatchEncoder
 from minder.core.errors import DecodeError, ValidationError
 from minder.core.records import NodeBatch
+from minder.core.wire import AGENT_FORMAT, WireFormat
 from minder.stream.spool import Spool, SpoolRecord
 
 if TYPE_CHECKING:

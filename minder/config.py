@@ -18,12 +18,12 @@ from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from detectors.base import DetectorFactory
 from detectors.config import DetectorConfig
 from minder.core.errors import ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # detectors.base loads numpy: not for the node agent, which reads settings too
+    from detectors.base import DetectorFactory
     from minder.service.engine import ServiceLimits
 
 ENV_PREFIX = "MINDER_"

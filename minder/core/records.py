@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # only packed batches (decoded by the service) hold arrays: the agent needs none
+    import numpy as np
 
 SCHEMA_VERSION = 1
 """The envelope with named samples (columns or triples), msgpack or JSON."""
@@ -157,7 +159,7 @@ class NodeBatch:
             and (
                 self.values is None
                 or other.values is None
-                or bool(np.array_equal(self.values, other.values))
+                or _same_values(self.values, other.values)
             )
         )
 
@@ -185,3 +187,10 @@ class NodeBatch:
     def domain(self) -> str:
         """Shared failure domain of the node (empty when unknown)."""
         return self.labels.get("domain", self.labels.get("switch", ""))
+
+
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Packed values element-wise equal (numpy is loaded wherever a batch holds arrays)."""
+    import numpy as np  # noqa: PLC0415
+
+    return bool(np.array_equal(a, b))

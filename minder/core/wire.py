@@ -1,7 +1,8 @@
 """The wire formats of a node batch, by name (docs/architecture.md §3.2).
 
-Apart from :mod:`minder.core.codec`, which encodes them (and needs numpy and msgpack), so that
-a command's ``--help`` can list them without importing either.
+Apart from :mod:`minder.core.encode`, which encodes them (with msgpack), and
+:mod:`minder.core.codec`, which decodes them (with numpy), so that a command's ``--help`` can list
+them without importing either.
 """
 
 from __future__ import annotations

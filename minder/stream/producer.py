@@ -27,9 +27,10 @@ from kafka.errors import (
 )
 
 from minder.core.alert import Alert
-from minder.core.codec import AGENT_FORMAT, BatchEncoder, WireFormat
+from minder.core.encode import BatchEncoder
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
+from minder.core.wire import AGENT_FORMAT, WireFormat
 from minder.stream.security import connection_config
 
 if TYPE_CHECKING:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import subprocess
 import urllib.request
@@ -151,6 +152,26 @@ def test_invalid_samples_are_dropped_counted_per_source_and_logged_once(
     assert len(messages) == 4  # one per offending metric, not one per sample and second
     assert sum("not_a_metric" in m for m in messages) == 1
     assert sum("got value 7.0" in m for m in messages) == 1
+
+
+def test_a_known_pair_with_a_bad_value_is_still_dropped() -> None:
+    """Once a pair is known only its value is checked: NaN, infinities, values out of range and
+    values that are not numbers are dropped as on the first interval; ints pass as floats."""
+    source = FakeSource(
+        "nvml", [("gpu_util_ratio", "gpu0", 0.5), ("gpu_power_watts", "gpu0", 300.0)]
+    )
+    agent = _agent(source)
+    assert agent.collect_once(T0).samples == source.samples
+    bad: list[object] = [math.nan, math.inf, -math.inf, 1.5, -0.5, "0.5", None, True]
+    for i, value in enumerate(bad):
+        source.samples = [("gpu_util_ratio", "gpu0", value), ("gpu_power_watts", "gpu0", 300.0)]  # type: ignore[list-item]
+        batch = agent.collect_once(T0 + 1 + i)
+        assert batch.samples == [("gpu_power_watts", "gpu0", 300.0)], value
+    assert agent.error_counts() == {("nvml", "invalid_sample"): len(bad)}
+    source.samples = [("gpu_util_ratio", "gpu0", 1), ("gpu_power_watts", "gpu0", 0)]
+    batch = agent.collect_once(T0 + 20)
+    assert batch.samples == [("gpu_util_ratio", "gpu0", 1.0), ("gpu_power_watts", "gpu0", 0.0)]
+    assert all(type(v) is float for _, _, v in batch.samples)
 
 
 def test_source_problem_log_reasons_are_reported() -> None:

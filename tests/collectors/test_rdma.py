@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import shutil
 import sys
@@ -12,8 +14,9 @@ from pathlib import Path
 import pytest
 from manual_clock import ManualClock
 
+import collectors.rdma as rdma_module
 from collectors.base import Collected, Source
-from collectors.rdma import RdmaSource, port_device_name
+from collectors.rdma import RdmaSource, is_sysfs, port_device_name
 from collectors.ttar import unpack_ttar
 from minder.core.metrics import validate_sample
 from minder.core.records import EventKind
@@ -24,6 +27,17 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+@pytest.fixture(autouse=True, params=["per_read", "kept_open"])
+def file_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: files opened per read (a captured tree, the default off sysfs) and kept
+    open and re-read with pread (the default on a sysfs mount). The trees are rewritten in place
+    (``_write``), as sysfs values change in place, so both modes must see the same values."""
+    mode: str = request.param
+    monkeypatch.setattr(rdma_module, "is_sysfs", lambda _root: mode == "kept_open")
+    return mode
+
+
+_IS_SYSFS = is_sysfs  # the real one (file_mode replaces the module's)
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
 EIGHT_NIC = HERE / "fixtures" / "rdma" / "mlx5_8nic.ttar"
@@ -411,6 +425,83 @@ def test_device_that_vanishes_and_returns_primes_again(procfs_sys: Path, tmp_pat
     assert ("rdma_tx_bytes_per_second", "mlx5_0") not in values
     assert values[("rdma_port_up", "mlx5_0")] == 1.0
     assert source.problems.counts["counter_reset"] == 0
+
+
+def test_kept_files_are_read_in_place_and_closed_when_their_port_leaves(
+    procfs_sys: Path, tmp_path: Path, clock: ManualClock, file_mode: str
+) -> None:
+    source = RdmaSource(procfs_sys, clock=clock)
+    assert source.keep_open is (file_mode == "kept_open")
+    source.collect(clock.at(0.0))
+    kept = dict(source._fds)
+    mlx5 = [p for p in kept if "/mlx5_0/" in p]
+    assert len(mlx5) == (6 if source.keep_open else 0)  # 5 counters and state (IB: no CNP)
+    _write(_port(procfs_sys, "mlx5_0") / "counters/port_xmit_data", 2880761508848 + 250)
+    assert _values(source.collect(clock.at(1.0)))[("rdma_tx_bytes_per_second", "mlx5_0")] == 1000.0
+    assert source._fds == kept  # re-read through the same descriptors
+    shutil.move(procfs_sys / "class/infiniband/mlx5_0", tmp_path / "parked")
+    source.collect(clock.at(2.0))
+    assert not any("/mlx5_0/" in p for p in source._fds)
+    assert len(source._fds) == len(kept) - len(mlx5)
+    source.close()
+    assert source._fds == {}
+    for fd in kept.values():  # every one closed
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(fd)
+
+
+def test_a_kept_file_that_fails_a_read_is_opened_again(
+    procfs_sys: Path, monkeypatch: pytest.MonkeyPatch, clock: ManualClock, file_mode: str
+) -> None:
+    """A device that goes away and comes back (driver reload) between two collects: its old
+    descriptors answer ENODEV; each is reopened and read, nothing is reported."""
+    if file_mode != "kept_open":
+        pytest.skip("only kept files are re-read")
+    source = RdmaSource(procfs_sys, clock=clock)
+    source.collect(clock.at(0.0))
+    data = f"{_port(procfs_sys, 'mlx5_0')}/counters/port_xmit_data"
+    old = source._fds[data]
+    real_pread = os.pread
+    failed: list[int] = []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if fd == old and not failed:
+            failed.append(fd)
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(rdma_module.os, "pread", pread)
+    open_before = len(os.listdir("/proc/self/fd"))
+    _write(_port(procfs_sys, "mlx5_0") / "counters/port_xmit_data", 2880761508848 + 250)
+    values = _values(source.collect(clock.at(1.0)))
+    assert failed == [old]
+    assert values[("rdma_tx_bytes_per_second", "mlx5_0")] == 1000.0
+    assert dict(source.problems.counts) == {}
+    assert len(os.listdir("/proc/self/fd")) == open_before  # the old one closed, a new one kept
+    assert os.pread(source._fds[data], 100, 0) == b"2880761509098\n"
+    source.close()
+
+
+def test_kept_files_are_bounded(
+    eight_nic_sys: Path, monkeypatch: pytest.MonkeyPatch, file_mode: str
+) -> None:
+    monkeypatch.setattr(rdma_module, "MAX_OPEN_FILES", 10)
+    source = RdmaSource(eight_nic_sys)
+    source.collect(0.0)
+    values = _values(source.collect(1.0))
+    assert len(values) == 8 * 8 and dict(source.problems.counts) == {}
+    assert len(source._fds) == (10 if file_mode == "kept_open" else 0)
+    source.close()
+
+
+def test_sysfs_mounts_are_recognised(tmp_path: Path) -> None:
+    assert not _IS_SYSFS(tmp_path)
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        mounts = [line.split(" - ")[1].split()[0] for line in fh if " /sys " in line]
+    if mounts[-1:] != ["sysfs"]:
+        pytest.skip("no sysfs mounted on /sys here")
+    assert _IS_SYSFS("/sys") and _IS_SYSFS("/sys/class")
+    assert _IS_SYSFS("/sys/class/net/lo/statistics/rx_bytes")  # through symlinks too
 
 
 # -- 8-NIC mlx5 RoCE tree ----------------------------------------------------------------------

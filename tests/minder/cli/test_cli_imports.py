@@ -10,6 +10,7 @@ covered, so a new command is checked without editing this file.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,66 @@ def test_the_timeline_replays_are_the_ones_whatif_exports() -> None:
     from whatif.timeline import KINDS
 
     assert tuple(r.value for r in Replay) == KINDS
+
+
+# -- a running agent ----------------------------------------------------------------------------
+
+AGENT_PROBE = """
+import json, os, signal, sys, threading, time
+from pathlib import Path
+from minder.cli import main  # what the minder console script imports
+
+spool = Path(sys.argv[1])
+
+
+def stop_after_a_few_batches() -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        # the spool holds what the agent encoded (the broker is unreachable): a few batches
+        if sum(p.stat().st_size for p in spool.glob("*") if p.is_file()) > 2000:
+            break
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+threading.Thread(target=stop_after_a_few_batches, daemon=True).start()
+sys.argv = ["minder", *sys.argv[2:]]
+code = 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code or 0
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_running_agent_imports_no_numpy(tmp_path: Path) -> None:
+    """``minder agent`` as deployed (issue 14: < 60 MB): its sources, the encoder (schema 2),
+    the spool and the Kafka sender run without numpy (~20 MiB resident), pandas or the decoder."""
+    from collectors.ttar import unpack_ttar
+    from minder.stream import free_port
+
+    tree = Path(__file__).resolve().parents[2] / "collectors" / "fixtures" / "rdma"
+    unpack_ttar(tree / "mlx5_8nic.ttar", tmp_path / "tree")
+    spool = tmp_path / "spool"
+    args = ["agent", "--job", "j", "--node", "n", "--interval", "0.05", "--no-nvml"]
+    args += ["--sysfs-root", str(tmp_path / "tree" / "sys"), "--spool-dir", str(spool)]
+    args += ["--probe-address", f"127.0.0.1:{free_port()}", "--metrics-port", "0"]
+    args += ["--kafka", f"127.0.0.1:{free_port()}"]  # nothing listens: batches stay spooled
+    done = subprocess.run(
+        [sys.executable, "-c", AGENT_PROBE, str(spool), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MINDER_")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, done.stderr[-2000:]
+    modules = result["modules"]
+    # it ran: sources, the encoder, the spool and the sender
+    assert {"collectors.rdma", "minder.core.encode", "minder.stream.agent_sender"} <= set(modules)
+    not_needed = ("numpy", "pandas", "pyarrow", "minder.core.codec", "minder.stream.consumer")
+    assert [m for m in modules if _matches(m, not_needed)] == []
