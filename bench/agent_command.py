@@ -39,25 +39,27 @@ LAUNCH = (
 
 
 def run_once(tree: Path, seconds: float, bootstrap: str) -> dict[str, object]:
-    work = Path(tempfile.mkdtemp(prefix="agent-command-"))
-    unpack_ttar(FIXTURE, work / "tree")
-    args = [
-        sys.executable, "-c", LAUNCH, "agent", "--job", "j", "--node", "n", "--no-nvml",
-        "--sysfs-root", str(work / "tree" / "sys"), "--spool-dir", str(work / "spool"),
-        "--probe-address", f"127.0.0.1:{free_port()}", "--metrics-port", str(free_port()),
-        "--kafka", bootstrap,
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
-    env["PYTHONPATH"] = str(tree)
-    load = os.getloadavg()
-    proc = subprocess.Popen(
-        args, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGTERM)
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert proc.stderr is not None
-    imported = proc.stderr.read().decode(errors="replace").split("\n")[0]
+    with tempfile.TemporaryDirectory(prefix="agent-command-") as tmp:
+        work = Path(tmp)
+        unpack_ttar(FIXTURE, work / "tree")
+        args = [
+            sys.executable, "-c", LAUNCH, "agent", "--job", "j", "--node", "n", "--no-nvml",
+            "--sysfs-root", str(work / "tree" / "sys"), "--spool-dir", str(work / "spool"),
+            "--probe-address", f"127.0.0.1:{free_port()}", "--metrics-port", str(free_port()),
+            "--kafka", bootstrap,
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
+        env["PYTHONPATH"] = str(tree)
+        load = os.getloadavg()
+        with open(work / "stderr", "w+b") as stderr:  # a file: a pipe could fill and block
+            proc = subprocess.Popen(
+                args, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=stderr
+            )
+            time.sleep(seconds)
+            proc.send_signal(signal.SIGTERM)
+            _, status, usage = os.wait4(proc.pid, 0)
+            stderr.seek(0)
+            imported = stderr.readline().decode(errors="replace").rstrip("\n")
     expected = str(tree / "minder" / "__init__.py")
     if imported != expected:
         raise SystemExit(f"minder was imported from {imported[:200]!r}, expected {expected}")

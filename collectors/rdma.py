@@ -20,6 +20,7 @@ counters live (``counters/`` or ``hw_counters/``) is found once per port, not pe
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ class RdmaSource:
     keep_open
         Keep each file open and re-read it from offset 0 (``pread``) instead of opening it on
         every collect: a sysfs attribute produces its value on every read, so this saves the
-        path walk, the open and the close (about 5 of the 6 µs of a read). ``None`` (default):
+        path walk, the open and the close (0.6 µs a read instead of 2.9 µs). ``None`` (default):
         only when ``sysfs_root`` is a sysfs mount, because a regular file replaced by a rename (a
         captured tree that a test rewrites) would be read stale through an old descriptor.
         Descriptors are closed when their port leaves the listing and reopened after a read
@@ -132,6 +133,7 @@ class RdmaSource:
         self._absent = False
         self.keep_open = is_sysfs(sysfs_root) if keep_open is None else keep_open
         self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
         """Open descriptors by path (``keep_open``)."""
         self._plans: dict[str, _PortPlan] = {}
         """Per port folder: where its files are (they do not move while the port exists)."""
@@ -299,6 +301,10 @@ class RdmaSource:
 
     def collect(self, now: float) -> Collected:
         """Read every RDMA port once; rates need a previous reading, so the first call primes."""
+        with self._lock:  # not closed under a read (a collector thread that outlived its join)
+            return self._collect(now)
+
+    def _collect(self, now: float) -> Collected:
         out = Collected()
         ports = self._ports()
         if ports is None:
@@ -336,9 +342,10 @@ class RdmaSource:
             os.close(self._fds.pop(path))
 
     def close(self) -> None:
-        """Close the files kept open."""
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
-        self._plans.clear()
-        self._listed = ()
+        """Close the files kept open (after the collect in progress, if any)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+            for fd in fds.values():
+                os.close(fd)
+            self._plans.clear()
+            self._listed = ()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -18,21 +17,26 @@ class LazyRichHandler(logging.Handler):
     def __init__(self, level: int = logging.NOTSET) -> None:
         super().__init__(level)
         self._inner: RichHandler | None = None
-        self._build = threading.Lock()
+        self._building = False
 
-    def _handler(self) -> RichHandler:
-        with self._build:
-            if self._inner is None:
-                from rich.console import Console  # noqa: PLC0415  (see the class)
-                from rich.logging import RichHandler  # noqa: PLC0415
-
-                # stderr, so that a command's output (tables, --format json) stays clean.
-                inner = RichHandler(
-                    console=Console(stderr=True), show_path=False, rich_tracebacks=True
-                )
-                inner.setFormatter(self.formatter)
-                self._inner = inner
+    def _handler(self) -> logging.Handler:
+        """Called under the handler's own (re-entrant) lock, from :meth:`handle`."""
+        if self._inner is not None:
             return self._inner
+        if self._building:  # a record logged while rich loads: plain stderr, no recursion
+            return logging.lastResort or logging.StreamHandler()
+        self._building = True
+        try:
+            from rich.console import Console  # noqa: PLC0415  (see the class)
+            from rich.logging import RichHandler  # noqa: PLC0415
+
+            # stderr, so that a command's output (tables, --format json) stays clean.
+            inner = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)
+            inner.setFormatter(self.formatter)
+            self._inner = inner
+        finally:
+            self._building = False
+        return inner
 
     def setFormatter(self, fmt: logging.Formatter | None) -> None:  # noqa: N802  (logging's name)
         super().setFormatter(fmt)
@@ -40,7 +44,7 @@ class LazyRichHandler(logging.Handler):
             self._inner.setFormatter(fmt)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._handler().emit(record)
+        self._handler().handle(record)
 
 
 def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:

@@ -365,7 +365,13 @@ def _frame_of(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
     out: dict[str, Any] = {c: columns[c] for c in COLUMNS if c in columns}
     codes = out.get("optype")
     if isinstance(codes, np.ndarray) and codes.dtype.kind in "iu":
-        out["optype"] = pd.Categorical.from_codes(codes, dtype=optype_dtype())
+        known = (codes >= 0) & (codes < len(optypes.ALL))
+        if known.all():
+            out["optype"] = pd.Categorical.from_codes(codes, dtype=optype_dtype())
+        else:  # as names, so that the op-type check names the rows with a code of no type
+            names = np.asarray(optypes.ALL, dtype=object)[np.where(known, codes, 0)]
+            names[~known] = [f"<op type code {int(c)}>" for c in codes[~known]]
+            out["optype"] = names
     return pd.DataFrame(out, copy=False)
 
 

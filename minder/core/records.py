@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only packed batches (decoded by the service) hold arrays: the agent needs none
+# Only packed batches (decoded by the service) hold arrays: the agent needs no numpy. So the
+# annotations naming ``np`` are strings at run time (``typing.get_type_hints`` of these classes
+# needs ``numpy`` in its namespace).
+if TYPE_CHECKING:
     import numpy as np
 
 SCHEMA_VERSION = 1

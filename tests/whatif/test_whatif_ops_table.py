@@ -174,3 +174,11 @@ def test_bad_values_in_a_plain_parquet_file_get_the_dataframe_messages(
     with pytest.raises(TraceError) as from_frame:
         make_trace(ops.to_frame(), JobMeta(dp_size=1, pp_size=2))
     assert str(from_table.value) == str(from_frame.value)
+
+
+def test_an_op_type_code_of_no_type_is_a_trace_error_naming_the_row(job: Trace) -> None:
+    columns = {c: job.ops[c].copy() for c in job.ops.columns}
+    columns["optype"][1] = len(optypes.ALL) + 3
+    with pytest.raises(TraceError, match=r"op type code 18") as raised:
+        make_trace(OpsTable(columns), job.meta)
+    assert "row 1" in str(raised.value)
