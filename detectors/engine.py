@@ -298,11 +298,11 @@ class MinderDetector:
         )
         if all_means:
             # The default: one nan-mean over the whole window instead of one per metric.
-            counts = np.isfinite(values).sum(axis=0)
+            counts = np.count_nonzero(np.isfinite(values), axis=0)
+            # nansum's sum, without its copy of the window (NaN -> 0): the NaNs are skipped.
+            sums = np.sum(values, axis=0, where=~np.isnan(values))
             with np.errstate(invalid="ignore", divide="ignore"):
-                means = np.where(
-                    counts > 0, np.nansum(values, axis=0) / np.maximum(counts, 1), np.nan
-                )
+                means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         score = median_scores if self.scorer == "median" else pairwise_scores
         offset = 0
         for bucket in layout.buckets:
@@ -528,6 +528,14 @@ def _impute_missing(
     present = np.isfinite(values)
     if present.all():
         return values
+    live = present.any(axis=(1, 2))
+    if not live.all():
+        # Seconds in which nothing was reported (a window reaching back before the job's
+        # first second) have no peers to fill from: only the others are imputed.
+        out = values.copy()
+        if live.any():
+            out[live] = _impute_missing(values[live], comparisons)
+        return out
     fill = ~present & present.any(axis=0)[None]  # time, machine, column
     out = values.copy()
     with warnings.catch_warnings():

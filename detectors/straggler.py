@@ -264,7 +264,10 @@ class StragglerDetector:
         b = self.config.ring
 
         def grown(a: np.ndarray, fill: Any, *tail: int) -> np.ndarray:
-            out = np.full((m, d, *tail), fill, dtype=a.dtype)
+            if fill == 0:  # zeroed memory is not touched until written (the rings are large)
+                out = np.zeros((m, d, *tail), dtype=a.dtype)
+            else:
+                out = np.full((m, d, *tail), fill, dtype=a.dtype)
             out[: a.shape[0], : a.shape[1]] = a
             return out
 
@@ -368,7 +371,7 @@ class StragglerDetector:
         obs = self._run_obs[:n_m, :n_d]
         self._run_obs[:n_m, :n_d] = np.where(new, np.where(slow_now, obs + 1, 0), obs)
 
-        persistent, mean_ratio, onset = self._persistent(n_m, n_d)
+        persistent, mean_ratio, slow_parts = self._persistent(n_m, n_d)
         transient = (self._run[:n_m, :n_d] >= cfg.transient_steps) & (
             self._run_obs[:n_m, :n_d] >= MIN_OBSERVATIONS
         )
@@ -390,7 +393,17 @@ class StragglerDetector:
         in_episode: np.ndarray = np.asarray(alerted.any(axis=1))[:, None]
         alerted |= fire & in_episode
         fire &= ~in_episode
-        for m in sorted(set(np.flatnonzero(fire.any(axis=1)).tolist()) - stage_machines):
+        firing = sorted(set(np.flatnonzero(fire.any(axis=1)).tolist()) - stage_machines)
+        # The second each rank's slowness started (its oldest slow observation counted), of the
+        # machines alerted only.
+        never = np.iinfo(np.int64).max
+        onset = np.full((n_m, n_d), never)
+        if firing:
+            rows = np.asarray(firing)
+            for slow, second in slow_parts:
+                first = np.where(slow[rows], second[rows], never).min(axis=2)
+                onset[rows] = np.minimum(onset[rows], first)
+        for m in firing:
             ranks = np.flatnonzero(fire[m])
             self._alerted[m, ranks] = True
             alerts.append(
@@ -514,31 +527,72 @@ class StragglerDetector:
         self._lateness[:, n_d:] = np.nan
         return out
 
-    def _persistent(self, n_m: int, n_d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _persistent(
+        self, n_m: int, n_d: int
+    ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         """Ranks slower by the excess over their last ``persistent_steps`` steps; their mean
-        ratio, and the second the slowness started (the oldest slow observation counted)."""
+        ratio; and of the observations counted, in parts, ``(slow, second)``: which were slow
+        (by half the excess), and when each was made (the slowness started at the oldest slow
+        one)."""
         cfg = self.config
-        b = cfg.ring
         # Observations that cover the last persistent_steps steps, at the job's steps per sample.
-        n_obs = min(b, max(1, math.ceil(cfg.persistent_steps / max(self._k_median, 1.0))))
-        age = (self._pos[:n_m, :n_d, None] - np.arange(b)[None, None, :] - 1) % b
-        ratios = self._ring[:n_m, :n_d]
-        use = (age < n_obs) & np.isfinite(ratios)
-        k = np.where(use, self._ring_k[:n_m, :n_d], 0.0)
-        steps = k.sum(axis=2)
+        n_obs = min(cfg.ring, max(1, math.ceil(cfg.persistent_steps / max(self._k_median, 1.0))))
+        steps = weighted = n_use = n_slow = 0.0
+        slow_parts, tick_parts = [], []
+        # One part, or two where the newest observations wrap around the end of the rings.
+        for ratios, ring_k, ring_tick in self._newest(n_m, n_d, n_obs):
+            use = np.isfinite(ratios)
+            k = np.where(use, ring_k, 0.0)
+            slow = use & (ratios >= 1 + cfg.persistent_excess / 2)
+            product = np.where(use, ratios, 0.0)
+            product *= k
+            steps = steps + k.sum(axis=2)
+            weighted = weighted + product.sum(axis=2)
+            n_use = n_use + np.count_nonzero(use, axis=2)
+            n_slow = n_slow + np.count_nonzero(slow, axis=2)
+            slow_parts.append(slow)
+            tick_parts.append(ring_tick)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = (np.where(use, ratios, 0.0) * k).sum(axis=2) / steps
-            share = (use & (ratios >= 1 + cfg.persistent_excess / 2)).sum(axis=2) / use.sum(axis=2)
+            mean = np.asarray(weighted / steps)
+            share = np.asarray(n_slow / n_use)
         persistent = (
             (steps >= cfg.persistent_steps)
-            & (use.sum(axis=2) >= MIN_OBSERVATIONS)
+            & (n_use >= MIN_OBSERVATIONS)
             & (mean >= 1 + cfg.persistent_excess)
             & (share >= cfg.persistent_share)
         )
-        slow = use & (ratios >= 1 + cfg.persistent_excess / 2)
-        ticks = np.where(slow, self._ring_tick[:n_m, :n_d], np.iinfo(np.int64).max)
-        onset = ticks.min(axis=2)
-        return persistent, np.nan_to_num(mean, nan=1.0), onset
+        return (
+            persistent,
+            np.nan_to_num(mean, nan=1.0),
+            list(zip(slow_parts, tick_parts, strict=True)),
+        )
+
+    def _newest(
+        self, n_m: int, n_d: int, n_obs: int
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The rings' ``n_obs`` newest observations of each rank (ratio, steps, second) as
+        ``(n_m, n_d, ·)`` parts, oldest first: slices of the rings where every rank is at the
+        same position (ranks that step together; two where they wrap around the rings' end),
+        else gathered rank by rank."""
+        b = self.config.ring
+        rings = (self._ring[:n_m, :n_d], self._ring_k[:n_m, :n_d], self._ring_tick[:n_m, :n_d])
+        if n_obs >= b:
+            # The whole ring: its order does not matter to the sums, minima and counts.
+            return [rings]
+        pos = self._pos[:n_m, :n_d]
+        first = int(pos.flat[0]) if pos.size else 0
+        if not (pos == first).all():
+            idx = (pos[..., None] - n_obs + np.arange(n_obs)) % b
+            ratio, k, tick = (np.take_along_axis(r, idx, axis=2) for r in rings)
+            return [(ratio, k, tick)]
+        lo = (first - n_obs) % b
+        if lo + n_obs <= b:
+            ratio, k, tick = (r[..., lo : lo + n_obs] for r in rings)
+            return [(ratio, k, tick)]
+        head = lo + n_obs - b
+        ratio, k, tick = (r[..., lo:] for r in rings)
+        ratio2, k2, tick2 = (r[..., :head] for r in rings)
+        return [(ratio, k, tick), (ratio2, k2, tick2)]
 
     # -- cost and alerts --------------------------------------------------------------------
     def _job_cost(

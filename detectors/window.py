@@ -182,6 +182,8 @@ class JobWindow:
         self.series_index: dict[tuple[str, str], int] = {}
         self.series_spec: list[MetricSpec] = []
         self._values = np.full((horizon_s, 0, 0), np.nan, dtype=np.float32)
+        self._rows_ready = 0
+        """Machine rows of ``_values`` filled so far (the rest is reserved: see :meth:`_grow`)."""
         self._slot_tick = np.full(horizon_s, NEVER, dtype=np.int64)
         self._last_seen = np.full((0, 0), NEVER, dtype=np.int64)
         self._machine_last_seen = np.full(0, NEVER, dtype=np.int64)
@@ -256,17 +258,36 @@ class JobWindow:
         return idx
 
     def _grow(self, machines: int | None = None, series: int | None = None) -> None:
-        m_now, k_now = self._values.shape[1], self._values.shape[2]
+        # Capacity of the (machine, series) arrays; the value buffer may reserve more machines.
+        m_now, k_now = self._last_seen.shape
         m_need = max(m_now, machines or 0)
         k_need = max(k_now, series or 0)
         if m_need <= m_now and k_need <= k_now:
+            self._ready_rows(machines or 0)
             return
-        # Grow by doubling so registering many machines costs amortised O(1) copies.
+        # Grow by doubling so registering many machines costs amortised O(1) copies (callers
+        # that know how many are coming reserve them at once: :meth:`add_batches`).
         m_cap = m_now if m_need <= m_now else max(m_need, 2 * m_now, 8)
         k_cap = k_now if k_need <= k_now else max(k_need, 2 * k_now, 16)
-        values = np.full((self.slots, m_cap, k_cap), np.nan, dtype=np.float32)
-        values[:, :m_now, :k_now] = self._values
-        self._values = values
+        # The value buffer (slots x machines x series) is the window's largest array by far. It
+        # reserves room for more machines than needed (up to the job's bound), but its rows
+        # are filled (their memory touched) only as machines come: a job's machines arriving
+        # over several polls then fill it without a copy (fresh memory costs far more than
+        # the copy itself), and a reserve never used is address space, not memory.
+        buffer_m = self._values.shape[1]
+        if k_cap > self._values.shape[2] or m_cap > buffer_m:
+            if m_cap > buffer_m:
+                reserve = min(_RESERVE_FACTOR * m_need, self.limits.max_machines)
+                if self.slots * reserve * k_cap * 4 > _MAX_RESERVED_BYTES:
+                    reserve = 2 * m_need
+                buffer_m = max(m_cap, reserve)
+            ready = self._rows_ready
+            values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
+            for slot in self._live_slots():
+                values[slot, :ready, :k_now] = self._values[slot, :ready, :k_now]
+                values[slot, :ready, k_now:] = np.nan
+            self._values = values
+        self._ready_rows(machines or 0)
         self._last_seen = _grown(self._last_seen, (m_cap, k_cap), NEVER)
         self._first_seen = _grown(self._first_seen, (m_cap, k_cap), NEVER)
         self._n_seen = _grown(self._n_seen, (m_cap, k_cap), 0)
@@ -276,6 +297,24 @@ class JobWindow:
         self.departed_sec = _grown(self.departed_sec, (m_cap,), NEVER)
         self.machine_interval_s = _grown(self.machine_interval_s, (m_cap,), float(self.tick_s))
         self.series_every = _grown(self.series_every, (k_cap,), 1)
+
+    def _live_slots(self) -> list[int]:
+        """Slots holding a tick: the others were never written (:meth:`_slot` clears a slot
+        when it takes a tick) and are never read."""
+        return np.flatnonzero(self._slot_tick != NEVER).tolist()
+
+    def _ready_rows(self, rows: int) -> None:
+        """Make the buffer's machine rows up to ``rows`` (at least) NaN in the slots that hold
+        a tick: rows beyond :attr:`_rows_ready` are reserved memory, never written before, and
+        a slot that takes a tick later is cleared then."""
+        ready = self._rows_ready
+        if rows <= ready:
+            return
+        # Machines registered one at a time: a few rows ahead, not one fill per machine.
+        rows = min(self._values.shape[1], max(rows, ready + ready // 8, 64))
+        for slot in self._live_slots():
+            self._values[slot, ready:rows, :] = np.nan
+        self._rows_ready = rows
 
     def ensure_slots(self, slots: int) -> None:
         """Keep at least ``slots`` ticks (a metric sampled coarsely needs a longer window)."""
@@ -292,7 +331,7 @@ class JobWindow:
             return None
         slot = tick % self.slots
         if self._slot_tick[slot] != tick:
-            self._values[slot] = np.nan
+            self._values[slot, : self._rows_ready] = np.nan
             self._slot_tick[slot] = tick
         self.newest_sec = max(self.newest_sec, sec)
         return slot
@@ -318,6 +357,14 @@ class JobWindow:
         """
         lim = self.limits
         stats = self.stats
+        if not isinstance(batches, Sequence):
+            batches = list(batches)
+        # The machines new to the window, registered below one by one: room for all of them at
+        # once (a job's first seconds bring thousands), not one doubling after another.
+        index = self.machine_index
+        new = {b.node for b in batches if b.node not in index}
+        if new:
+            self._grow(machines=min(self.n_machines + len(new), lim.max_machines))
         # second -> the machines, series indices and values gathered for it
         groups: dict[int, _Group] = {}
         for batch in batches:
@@ -421,6 +468,10 @@ class JobWindow:
         lim = self.limits
         out = np.empty(len(layout), dtype=np.int64)
         added = self._series_added.get(m, 0)
+        # Room for the layout's new series at once (a node's first batch brings all of them).
+        fresh = sum(1 for key in layout if key not in self.series_index)
+        if fresh:
+            self._grow(series=min(self.n_series + fresh, lim.max_series))
         for i, (name, dev) in enumerate(layout):
             idx = self.series_index.get((name, dev))
             if idx is None:
@@ -616,7 +667,9 @@ class JobWindow:
     def _rebucket(self, tick_s: int, slots: int) -> None:
         """Move what the buffer holds to ticks of ``tick_s`` seconds and ``slots`` slots."""
         old_values, old_ticks, old_tick_s = self._values, self._slot_tick, self.tick_s
-        values = np.full((slots, *old_values.shape[1:]), np.nan, dtype=np.float32)
+        ready = self._rows_ready
+        # Cleared slot by slot below as they take a tick (see _live_slots).
+        values = np.empty((slots, *old_values.shape[1:]), dtype=np.float32)
         slot_tick = np.full(slots, NEVER, dtype=np.int64)
         newest = self.newest_sec // tick_s if self.newest_sec != NEVER else NEVER
         for old_slot in np.argsort(old_ticks).tolist():  # oldest first: newer values win
@@ -628,11 +681,11 @@ class JobWindow:
                 continue
             slot = tick % slots
             if slot_tick[slot] != tick:
-                values[slot] = np.nan
+                values[slot, :ready] = np.nan
                 slot_tick[slot] = tick
-            src = old_values[old_slot]
+            src = old_values[old_slot, :ready]
             present = np.isfinite(src)
-            values[slot][present] = src[present]
+            values[slot, :ready][present] = src[present]
         self._values, self._slot_tick = values, slot_tick
         self.slots, self.tick_s = slots, tick_s
 
@@ -668,12 +721,24 @@ class JobWindow:
         end = end_sec // self.tick_s
         ticks = np.arange(end - length + 1, end + 1)
         slots = ticks % self.slots
-        if cols is None:
-            out = self._values[slots, :m, :k].copy()
-        else:
-            out = self._values[slots[:, None], :m, cols[None, :]].transpose(0, 2, 1).copy()
         stale = self._slot_tick[slots] != ticks
-        out[stale] = np.nan
+        runs = _runs(cols, k)
+        if runs is None:
+            assert cols is not None
+            out = self._values[slots[:, None], :m, cols[None, :]].transpose(0, 2, 1).copy()
+            out[stale] = np.nan
+            return out
+        # A few runs of consecutive series (a metric's devices are registered together): copied
+        # slice by slice, slot by slot (a fancy index over slots and series gathers far slower).
+        width = k if cols is None else len(cols)
+        out = np.empty((length, m, width), dtype=self._values.dtype)
+        for i, (slot, old) in enumerate(zip(slots.tolist(), stale.tolist(), strict=True)):
+            if old:
+                out[i] = np.nan
+                continue
+            plane = self._values[slot, :m]
+            for lo, hi, at in runs:
+                out[i, :, at : at + hi - lo] = plane[:, lo:hi]
         return out
 
     def at(self, sec: int) -> np.ndarray:
@@ -726,6 +791,31 @@ class _Group:
     machines: list[int] = field(default_factory=list)
     cols: list[np.ndarray] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
+
+
+_RESERVE_FACTOR = 8
+"""Machines a window's value buffer reserves room for, as a multiple of those it holds."""
+_MAX_RESERVED_BYTES = 4 << 30
+"""Largest value buffer reserved (address space); beyond it the buffer reserves twice what it
+holds."""
+_MAX_RUNS = 16
+"""Runs of consecutive series above which :meth:`JobWindow.window` gathers with one index."""
+
+
+def _runs(cols: np.ndarray | None, k: int) -> list[tuple[int, int, int]] | None:
+    """``cols`` (every series: ``None``) as runs of consecutive indices ``(lo, hi, at)``: series
+    ``lo:hi`` go to ``at:at + hi - lo`` of the output; ``None`` for more than ``_MAX_RUNS``."""
+    if cols is None:
+        return [(0, k, 0)]
+    if cols.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(cols) != 1) + 1
+    if breaks.size >= _MAX_RUNS:
+        return None
+    starts = [0, *breaks.tolist()]
+    ends = [*breaks.tolist(), int(cols.size)]
+    first = cols[starts].tolist()
+    return [(lo, lo + (b - a), a) for lo, a, b in zip(first, starts, ends, strict=True)]
 
 
 def _plane(array: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import isnan
 from typing import Protocol
 
 import numpy as np
@@ -240,8 +241,34 @@ class JobCapture:
         )
 
     def snapshot(self) -> JobSnapshot:
-        """Every machine of the job."""
-        return JobSnapshot(self.job, self.ts, [self.machine(i) for i in range(len(self.names))])
+        """Every machine of the job (as :meth:`machine` gives each, the matrices read once)."""
+        scores = self.scores.T.tolist()  # machine -> its score on each metric (NaN: none)
+        devices = self.devices.T.tolist()
+        metrics = list(enumerate(self.metrics))
+        names = self.device_names
+        machines = []
+        for i, (row, devs) in enumerate(zip(scores, devices, strict=True)):
+            per_metric: dict[str, tuple[float, str]] = {}
+            for r, metric in metrics:
+                score = row[r]
+                if isnan(score):  # no score on this metric
+                    continue
+                d = devs[r]
+                per_metric[metric] = (score, names[r][d] if 0 <= d < len(names[r]) else "")
+            best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
+            machines.append(
+                MachineSnapshot(
+                    machine=self.names[i],
+                    group=self.groups[i],
+                    domain=self.domains[i],
+                    last_seen_ts=float(self.last_seen[i]),
+                    score=best[1][0],
+                    metric=best[0],
+                    device=best[1][1],
+                    per_metric=per_metric,
+                )
+            )
+        return JobSnapshot(self.job, self.ts, machines)
 
     def same_layout(self, other: JobCapture) -> bool:
         """Same machines, labels, metrics and devices: machine ``i`` is the same in both."""

@@ -7,8 +7,10 @@ machines costs a handful of statements, not 10,000.
 
 from __future__ import annotations
 
+import math
+import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, case, delete, func, select, tuple_, update
@@ -36,6 +38,9 @@ _SCORES = cast(Table, MachineScoreRow.__table__)
 NAME_MAX_LEN = 255
 """Longest job or machine name the tables hold."""
 
+_Score = tuple[str, str, float, str]
+"""A checked score row: ``(machine, metric, score, device)``."""
+
 
 def check_name(value: str, what: str) -> str:
     """``value`` if it is a usable job or machine name, else :class:`ValidationError`."""
@@ -61,29 +66,55 @@ def _upsert_construct(session: Session) -> Any:
 def _bulk_insert(
     session: Session,
     table: Table,
-    rows: list[dict[str, Any]],
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
     on_conflict: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Insert ``rows`` (dicts with the same keys) in one statement, upserting via ``on_conflict``.
+    """Insert ``rows`` (tuples of the ``columns``' values: floats, strings, None) in one
+    statement, upserting via ``on_conflict``.
 
     PostgreSQL gets one ``INSERT … SELECT FROM unnest(arrays)``: with psycopg's row-by-row
-    ``executemany`` saving 40,000 scores took twice as long.
+    ``executemany`` saving 40,000 scores took twice as long. SQLite gets the statement compiled
+    once and the driver's ``executemany`` of the plain tuples: SQLAlchemy's own executemany
+    builds a parameter dictionary per row, more than half the time of a job's first write.
     """
     if not rows:
         return
     upsert = _upsert_construct(session)
     if upsert is not postgresql.insert:
         stmt = upsert(table)
-        session.execute(stmt if on_conflict is None else on_conflict(stmt), rows)
+        stmt = stmt if on_conflict is None else on_conflict(stmt)
+        connection = session.connection()
+        dialect = connection.dialect
+        compiled = stmt.compile(dialect=dialect, column_keys=list(columns))
+        keys = set(columns)
+        plain = (
+            compiled.positional
+            and list(compiled.positiontup or ()) == list(columns)
+            and all(c.default is None or c.key in keys for c in table.c)  # no default to add
+        )
+        if not plain:  # a statement with other parameters, or defaults: SQLAlchemy's way
+            session.execute(stmt, [dict(zip(columns, row, strict=True)) for row in rows])
+            return
+        # The values go to the driver as they are (the callers give floats, strings and None:
+        # no column type has anything to convert).
+        # In key order: the table's index is then written page by page, not all over.
+        connection.exec_driver_sql(str(compiled), sorted(rows, key=_key(table, columns)))
         return
-    columns = list(rows[0])
     arrays = [
-        bindparam(f"values_{i}", [row[name] for row in rows], type_=ARRAY(table.c[name].type))
+        bindparam(f"values_{i}", [row[i] for row in rows], type_=ARRAY(table.c[name].type))
         for i, name in enumerate(columns)
     ]
     source = func.unnest(*arrays).table_valued(*columns).render_derived(name="source")
     stmt = upsert(table).from_select(columns, select(*(source.c[name] for name in columns)))
     session.execute(stmt if on_conflict is None else on_conflict(stmt))
+
+
+def _key(table: Table, columns: Sequence[str]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """The sort key of ``columns``' rows: their primary key (in the index's column order)."""
+    where = {name: i for i, name in enumerate(columns)}
+    picks = [where[c.key] for c in table.primary_key.columns if c.key in where]
+    return operator.itemgetter(*picks) if len(picks) > 1 else lambda row: (row[picks[0]],)
 
 
 def _later(column: Any, new: Any) -> Any:
@@ -154,14 +185,15 @@ def upsert_job_machines(
     _bulk_insert(
         session,
         _MACHINES,
+        ("job", "name", "group", "domain", "last_seen_ts"),
         [
-            {
-                "job": job,
-                "name": info.name,
-                "group": info.group,
-                "domain": info.domain,
-                "last_seen_ts": ts if info.last_seen_ts is None else info.last_seen_ts,
-            }
+            (
+                job,
+                info.name,
+                info.group,
+                info.domain,
+                float(ts if info.last_seen_ts is None else info.last_seen_ts),
+            )
             for info in by_name.values()
         ],
         lambda stmt: stmt.on_conflict_do_update(
@@ -298,72 +330,106 @@ def set_top_scores(
             .where(_MACHINES.c.job == job, _MACHINES.c.name.in_(cleared[lo : lo + _IN_CHUNK]))
             .values(top_score=None, top_metric=None, top_device=None, score_ts=None)
         )
-    _upsert_tops(session, job, {m: r for m, r in rows.items() if r is not None}, ts)
+    _upsert_tops(
+        session,
+        job,
+        {
+            m: (r.machine, r.metric, float(r.score), r.device)
+            for m, r in rows.items()
+            if r is not None
+        },
+        ts,
+    )
     session.flush()
 
 
 def _best_rows(
     rows: Iterable[ScoreRow | Mapping[str, Any] | tuple[Any, ...]],
-) -> tuple[dict[tuple[str, str], ScoreRow], dict[str, ScoreRow]]:
-    """The highest row per (machine, metric), and per machine."""
-    best: dict[tuple[str, str], ScoreRow] = {}
+) -> tuple[dict[tuple[str, str], _Score], dict[str, _Score]]:
+    """The highest row per (machine, metric), and per machine, as ``(machine, metric, score,
+    device)`` tuples (checked as :meth:`ScoreRow.coerce` and :func:`check_name` check them)."""
+    best: dict[tuple[str, str], _Score] = {}
+    isfinite = math.isfinite
     for entry in rows:
-        row = ScoreRow.coerce(entry)
-        check_name(row.machine, "machine")
-        key = (row.machine, row.metric)
-        if key not in best or row.score > best[key].score:
-            best[key] = row
-    top: dict[str, ScoreRow] = {}
-    for row in best.values():
-        if row.machine not in top or row.score > top[row.machine].score:
-            top[row.machine] = row
+        # The service's own rows (4-tuples of str, str, float, str, or ScoreRows) are taken
+        # as they are once checked; anything else goes through ScoreRow.coerce.
+        row: _Score | None = None
+        if isinstance(entry, tuple) and len(entry) == 4:
+            machine, metric, score, device = entry
+            row = entry
+        elif isinstance(entry, ScoreRow):
+            machine, metric, score, device = entry.machine, entry.metric, entry.score, entry.device
+        else:
+            machine = metric = device = ""
+            score = 0.0
+        if not (
+            type(machine) is str
+            and type(metric) is str
+            and type(score) is float
+            and type(device) is str
+            and machine
+            and metric
+            and len(machine) <= NAME_MAX_LEN
+            and isfinite(score)
+        ):
+            coerced = ScoreRow.coerce(entry)
+            check_name(coerced.machine, "machine")
+            machine, metric = coerced.machine, coerced.metric
+            score, device = float(coerced.score), coerced.device  # a ScoreRow's numpy float
+            row = None
+        key = (machine, metric)
+        old = best.get(key)
+        if old is None or score > old[2]:
+            best[key] = row if row is not None else (machine, metric, score, device)
+    top: dict[str, _Score] = {}
+    for kept in best.values():
+        old = top.get(kept[0])
+        if old is None or kept[2] > old[2]:
+            top[kept[0]] = kept
     return best, top
 
 
 def _insert_scores(
     session: Session,
     job: str,
-    best: dict[tuple[str, str], ScoreRow],
+    best: dict[tuple[str, str], _Score],
     ts: float,
     on_conflict: Callable[[Any], Any] | None = None,
 ) -> None:
+    ts = float(ts)
     _bulk_insert(
         session,
         _SCORES,
+        ("job", "machine", "metric", "score", "device", "ts"),
         [
-            {
-                "job": job,
-                "machine": r.machine,
-                "metric": r.metric,
-                "score": r.score,
-                "device": r.device,
-                "ts": ts,
-            }
-            for r in best.values()
+            (job, machine, metric, score, device, ts)
+            for machine, metric, score, device in best.values()
         ],
         on_conflict,
     )
 
 
-def _upsert_tops(session: Session, job: str, top: dict[str, ScoreRow], ts: float) -> None:
+def _upsert_tops(session: Session, job: str, top: dict[str, _Score], ts: float) -> None:
     """Each machine's ``top_*`` from its highest row (registering unknown machines)."""
+    ts = float(ts)
     if top:
         _bulk_insert(
             session,
             _MACHINES,
+            (
+                "job",
+                "name",
+                "group",
+                "domain",
+                "last_seen_ts",
+                "top_score",
+                "top_metric",
+                "top_device",
+                "score_ts",
+            ),
             [
-                {
-                    "job": job,
-                    "name": r.machine,
-                    "group": "",
-                    "domain": "",
-                    "last_seen_ts": None,
-                    "top_score": r.score,
-                    "top_metric": r.metric,
-                    "top_device": r.device,
-                    "score_ts": ts,
-                }
-                for r in top.values()
+                (job, machine, "", "", None, score, metric, device, ts)
+                for machine, metric, score, device in top.values()
             ],
             lambda stmt: stmt.on_conflict_do_update(
                 index_elements=[_MACHINES.c.job, _MACHINES.c.name],

@@ -323,3 +323,53 @@ def test_in_an_asynchronous_job_nobody_waits() -> None:
 
 def test_no_lateness_before_any_step() -> None:
     assert StragglerDetector().late_ranks(10) == []
+
+
+@pytest.mark.parametrize("same_position", [True, False])
+@pytest.mark.parametrize("k_median", [1.0, 0.3, 2.5])
+def test_the_persistent_test_reads_each_ranks_newest_observations(
+    same_position: bool, k_median: float
+) -> None:
+    """Over the rings, wrapped or not and whether the ranks are at the same position or not, the
+    persistent verdict, mean ratio and onset are those of each rank's newest observations."""
+    rng = np.random.default_rng(3)
+    detector = StragglerDetector()
+    cfg = detector.config
+    m, d, b = 12, 3, cfg.ring
+    detector._grow((m, d))
+    ratios = np.where(rng.random((m, d, b)) < 0.1, np.nan, 1 + rng.normal(0.03, 0.05, (m, d, b)))
+    detector._ring[:] = ratios
+    detector._ring_k[:] = rng.integers(1, 3, (m, d, b))
+    detector._ring_tick[:] = rng.integers(0, 10_000, (m, d, b))
+    detector._pos[:] = rng.integers(0, b) if same_position else rng.integers(0, b, (m, d))
+    detector._k_median = k_median
+    persistent, mean, parts = detector._persistent(m, d)
+    n_obs = min(b, max(1, math.ceil(cfg.persistent_steps / max(k_median, 1.0))))
+    for i in range(m):
+        for j in range(d):
+            newest = [(int(detector._pos[i, j]) - 1 - age) % b for age in range(n_obs)]
+            r = ratios[i, j, newest]
+            used = np.isfinite(r)
+            k = detector._ring_k[i, j, newest][used]
+            want = float((r[used] * k).sum() / k.sum()) if k.sum() else math.nan
+            slow = r[used] >= 1 + cfg.persistent_excess / 2
+            verdict = (
+                k.sum() >= cfg.persistent_steps
+                and used.sum() >= 3
+                and want >= 1 + cfg.persistent_excess
+                and slow.mean() >= cfg.persistent_share
+            )
+            assert bool(persistent[i, j]) == verdict
+            assert mean[i, j] == pytest.approx(1.0 if math.isnan(want) else want, rel=1e-12)
+            onset = min(
+                (
+                    int(s)
+                    for s, y in zip(detector._ring_tick[i, j, newest][used], slow, strict=True)
+                    if y
+                ),
+                default=np.iinfo(np.int64).max,
+            )
+            first = min(
+                int(np.where(s[i, j], t[i, j], np.iinfo(np.int64).max).min()) for s, t in parts
+            )
+            assert first == onset

@@ -130,3 +130,46 @@ def test_packed_layouts_map_to_series_once_and_respect_the_series_bound() -> Non
     cpu = w.at(10)[:, w.series_index[("cpu_util_ratio", "")]]
     np.testing.assert_allclose(cpu[::2], 0.025)  # machines of second 10
     assert np.isnan(cpu[1::2]).all()
+
+
+def test_machines_arriving_over_several_polls_read_back_as_one_dense_record() -> None:
+    """The value buffer reserves room for machines ahead and fills rows as they come; series
+    added later and a re-bucketed window keep every value, NaN where nothing was sent."""
+    rng = np.random.default_rng(7)
+    names = [("gpu_util_ratio", f"gpu{d}") for d in range(3)] + [("cpu_util_ratio", "")]
+    w = JobWindow("j", horizon_s=6)
+    expected: dict[tuple[int, str, tuple[str, str]], float] = {}
+    n = 0
+    for poll, sec in enumerate(range(100, 112)):
+        n = min(3 + 7 * poll * poll, 400)  # a few machines, then hundreds more each poll
+        layout = names + ([("rdma_port_up", "mlx5_0")] if poll >= 5 else [])  # a series later
+        batches = []
+        for m in range(n):
+            if rng.random() < 0.1:
+                continue  # a machine that missed this second
+            values = rng.random(len(layout)).tolist()
+            batches.append(
+                NodeBatch(
+                    "j",
+                    f"n{m}",
+                    float(sec),
+                    samples=[(a, b, v) for (a, b), v in zip(layout, values, strict=True)],
+                )
+            )
+            for key, v in zip(layout, values, strict=True):
+                expected[(sec, f"n{m}", key)] = float(np.float32(v))
+        w.add_batches(batches)
+        if poll == 8:
+            w.ensure_slots(9)  # re-bucketed into more slots: nothing is lost
+    assert w.n_machines == n
+    end, length = 111, w.slots
+    view = w.window(end, length)
+    for t, sec in enumerate(range(end - length + 1, end + 1)):
+        for m, info in enumerate(w.machines):
+            for k, key in enumerate(w.series):
+                want = expected.get((sec, info.name, key), np.nan)
+                got = view[t, m, k]
+                assert (np.isnan(want) and np.isnan(got)) or got == want, (sec, info.name, key)
+    # A subset of series, in runs and scattered, reads the same values as the full view.
+    for cols in (np.array([1, 2]), np.array([4, 0, 2]), np.arange(w.n_series)[::-1].copy()):
+        np.testing.assert_array_equal(w.window(end, length, cols), view[:, :, cols])

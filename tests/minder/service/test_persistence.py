@@ -199,7 +199,9 @@ def test_the_poll_loop_does_not_wait_for_the_database() -> None:
             ]
             service.ingest(batches)
             service.tick()  # returns although the writer is blocked in the database
-        assert store.entered.is_set() and not store.jobs
+        # The writer thread may not have been scheduled yet: it is blocked in the database
+        # once it has (the loop above returned either way).
+        assert store.entered.wait(10) and not store.jobs
         assert value(metrics, "minder_state_captures_superseded_total") >= 1
         top = metrics.registry.get_sample_value(
             "minder_machine_score", {"job_id": "j", "machine": "n0"}

@@ -6,6 +6,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from minder.core.alert import Alert, AlertKind, AlertStatus
@@ -333,3 +334,40 @@ def test_a_large_job_is_written_in_bulk(sessions: SessionFactory) -> None:
         assert get_job(session, "big").machine_count == 10_000
     print(f"upsert 10k machines {upsert_s:.2f}s, save 40k scores {scores_s:.2f}s")
     assert upsert_s < 20 and scores_s < 30
+
+
+def test_score_rows_of_any_accepted_form_and_order_are_stored_alike(
+    sessions: SessionFactory,
+) -> None:
+    """The service's own rows (plain tuples) go to the database as they are; numbers of other
+    types (numpy, int), rows in any order and a (machine, metric) given twice are stored as
+    ScoreRows would be."""
+    rows: list[Any] = [
+        ("n2", "gpu_util_ratio", np.float32(2.5), "gpu1"),
+        ("n1", "gpu_util_ratio", 3, "gpu0"),
+        ("n1", "gpu_util_ratio", 1.0, "gpu7"),  # same cell, lower: ignored
+        ScoreRow("n3", "cpu_util_ratio", np.float32(0.25)),  # type: ignore[arg-type]
+        ("n1", "cpu_util_ratio", np.float64(-1.5), ""),
+    ]
+    with sessions.begin() as session:
+        save_scores(session, "j1", rows, np.float64(20))
+        upsert_scores(session, "j1", [("n0", "gpu_util_ratio", 4, "gpu2")], 21)
+        upsert_job_machines(session, "j1", [MachineInfo("n0", "pp0", last_seen_ts=19)], 21)
+        top = ScoreRow("n4", "gpu_util_ratio", np.float32(0.5))  # type: ignore[arg-type]
+        set_top_scores(session, "j1", {"n4": top}, 21)
+    with sessions() as session:
+        scores = [
+            (s.machine, s.metric, s.score, s.device, s.ts) for s in current_scores(session, "j1")
+        ]
+        machines = {m.name: m for m in list_machines(session, "j1")}
+    assert scores == [
+        ("n0", "gpu_util_ratio", 4.0, "gpu2", 21.0),
+        ("n1", "cpu_util_ratio", -1.5, "", 20.0),
+        ("n1", "gpu_util_ratio", 3.0, "gpu0", 20.0),
+        ("n2", "gpu_util_ratio", 2.5, "gpu1", 20.0),
+        ("n3", "cpu_util_ratio", 0.25, "", 20.0),
+    ]
+    assert all(type(s[2]) is float and type(s[4]) is float for s in scores)
+    assert (machines["n1"].top_score, machines["n1"].top_metric) == (3.0, "gpu_util_ratio")
+    assert machines["n0"].last_seen_ts == 19.0 and type(machines["n0"].last_seen_ts) is float
+    assert (machines["n4"].top_score, machines["n4"].score_ts) == (0.5, 21.0)
