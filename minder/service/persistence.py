@@ -228,6 +228,10 @@ class JobCapture:
             if np.isnan(score):
                 continue
             per_metric[metric] = (float(score), self._device(row, int(self.devices[row, i])))
+        return self._machine_of(i, per_metric)
+
+    def _machine_of(self, i: int, per_metric: dict[str, tuple[float, str]]) -> MachineSnapshot:
+        """Machine ``i`` with its scores, summarised by its highest."""
         best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
         return MachineSnapshot(
             machine=self.names[i],
@@ -255,19 +259,7 @@ class JobCapture:
                     continue
                 d = devs[r]
                 per_metric[metric] = (score, names[r][d] if 0 <= d < len(names[r]) else "")
-            best = max(per_metric.items(), key=lambda kv: kv[1][0], default=("", (0.0, "")))
-            machines.append(
-                MachineSnapshot(
-                    machine=self.names[i],
-                    group=self.groups[i],
-                    domain=self.domains[i],
-                    last_seen_ts=float(self.last_seen[i]),
-                    score=best[1][0],
-                    metric=best[0],
-                    device=best[1][1],
-                    per_metric=per_metric,
-                )
-            )
+            machines.append(self._machine_of(i, per_metric))
         return JobSnapshot(self.job, self.ts, machines)
 
     def same_layout(self, other: JobCapture) -> bool:
