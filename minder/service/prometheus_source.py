@@ -196,12 +196,14 @@ class PrometheusPoller:
         if self._failures:
             logger.info("Prometheus source: read again after %d failed poll(s)", self._failures)
         self._failures = 0
-        self._ok = True
         batches = result.batches(self.step_s)
         self.service.ingest(batches)
         self._next = newest + self.step_s
         self.metrics.batches.labels(source=SOURCE).inc(len(batches))
         self.metrics.last.labels(source=SOURCE).set(newest)
+        # Ready once what was read is handed over and counted (a check of /ready, then of the
+        # counters, must not see the read without its batches).
+        self._ok = True
         self.service.tick()
         return len(batches)
 
