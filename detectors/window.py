@@ -282,7 +282,16 @@ class JobWindow:
                     reserve = 2 * m_need
                 buffer_m = max(m_cap, reserve)
             ready = self._rows_ready
-            values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
+            try:
+                values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
+            except MemoryError:
+                # Strict overcommit (vm.overcommit_memory=2) counts a reserve as memory: take
+                # only the rows needed (and those already filled), as before reserves.
+                least = max(m_cap, ready)
+                if buffer_m <= least:
+                    raise
+                buffer_m = least
+                values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
             for slot in self._live_slots():
                 values[slot, :ready, :k_now] = self._values[slot, :ready, :k_now]
                 values[slot, :ready, k_now:] = np.nan

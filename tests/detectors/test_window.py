@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+import detectors.window as window_module
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.codec import Decoder, WireFormat, encode_batch
 from minder.core.records import Event, EventKind, NodeBatch
@@ -132,12 +135,37 @@ def test_packed_layouts_map_to_series_once_and_respect_the_series_bound() -> Non
     assert np.isnan(cpu[1::2]).all()
 
 
-def test_machines_arriving_over_several_polls_read_back_as_one_dense_record() -> None:
+class _StrictOvercommit:
+    """numpy, but ``empty`` refuses a value buffer of more machine rows than ``rows`` (as a host
+    with ``vm.overcommit_memory=2`` refuses a reserve it would have to commit)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def empty(self, shape: Any, dtype: Any = float) -> np.ndarray:
+        if isinstance(shape, tuple) and len(shape) == 3 and shape[1] > self.rows:
+            self.refused += 1
+            raise MemoryError(f"cannot allocate {shape}")
+        return np.empty(shape, dtype)
+
+
+@pytest.mark.parametrize("overcommit", ["heuristic", "strict"])
+def test_machines_arriving_over_several_polls_read_back_as_one_dense_record(
+    overcommit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The value buffer reserves room for machines ahead and fills rows as they come; series
-    added later and a re-bucketed window keep every value, NaN where nothing was sent."""
+    added later and a re-bucketed window keep every value, NaN where nothing was sent. Where the
+    reserve cannot be had (strict overcommit), the buffer takes the rows it needs instead."""
     rng = np.random.default_rng(7)
     names = [("gpu_util_ratio", f"gpu{d}") for d in range(3)] + [("cpu_util_ratio", "")]
     w = JobWindow("j", horizon_s=6)
+    strict = _StrictOvercommit(rows=1024)  # what doubling 400 machines takes, not 8 x 400
+    if overcommit == "strict":
+        monkeypatch.setattr(window_module, "np", strict)
     expected: dict[tuple[int, str, tuple[str, str]], float] = {}
     n = 0
     for poll, sec in enumerate(range(100, 112)):
@@ -173,3 +201,4 @@ def test_machines_arriving_over_several_polls_read_back_as_one_dense_record() ->
     # A subset of series, in runs and scattered, reads the same values as the full view.
     for cols in (np.array([1, 2]), np.array([4, 0, 2]), np.arange(w.n_series)[::-1].copy()):
         np.testing.assert_array_equal(w.window(end, length, cols), view[:, :, cols])
+    assert (strict.refused > 0) == (overcommit == "strict")
