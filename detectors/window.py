@@ -258,7 +258,7 @@ class JobWindow:
         return idx
 
     def _grow(self, machines: int | None = None, series: int | None = None) -> None:
-        # Capacity of the (machine, series) arrays; the value buffer may reserve more machines.
+        # Capacity of the (machine, series) arrays, and of the value buffer's rows and columns.
         m_now, k_now = self._last_seen.shape
         m_need = max(m_now, machines or 0)
         k_need = max(k_now, series or 0)
@@ -266,32 +266,18 @@ class JobWindow:
             self._ready_rows(machines or 0)
             return
         # Grow by doubling so registering many machines costs amortised O(1) copies (callers
-        # that know how many are coming reserve them at once: :meth:`add_batches`).
+        # that know how many are coming ask for them at once: :meth:`add_batches`).
         m_cap = m_now if m_need <= m_now else max(m_need, 2 * m_now, 8)
         k_cap = k_now if k_need <= k_now else max(k_need, 2 * k_now, 16)
-        # The value buffer (slots x machines x series) is the window's largest array by far. It
-        # reserves room for more machines than needed (up to the job's bound), but its rows
-        # are filled (their memory touched) only as machines come: a job's machines arriving
-        # over several polls then fill it without a copy (fresh memory costs far more than
-        # the copy itself), and a reserve never used is address space, not memory.
+        # The value buffer (slots x machines x series) is the window's largest array by far.
+        # Its new rows are filled (their memory touched) only as machines come and only in the
+        # slots that hold a tick; no room is reserved beyond the doubling (a reserve is resident
+        # memory where huge pages round it up, and committed memory under strict overcommit).
         buffer_m = self._values.shape[1]
         if k_cap > self._values.shape[2] or m_cap > buffer_m:
-            if m_cap > buffer_m:
-                reserve = min(_RESERVE_FACTOR * m_need, self.limits.max_machines)
-                if self.slots * reserve * k_cap * 4 > _MAX_RESERVED_BYTES:
-                    reserve = 2 * m_need
-                buffer_m = max(m_cap, reserve)
+            buffer_m = max(m_cap, buffer_m)
             ready = self._rows_ready
-            try:
-                values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
-            except MemoryError:
-                # Strict overcommit (vm.overcommit_memory=2) counts a reserve as memory: take
-                # only the rows needed (and those already filled), as before reserves.
-                least = max(m_cap, ready)
-                if buffer_m <= least:
-                    raise
-                buffer_m = least
-                values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
+            values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
             for slot in self._live_slots():
                 values[slot, :ready, :k_now] = self._values[slot, :ready, :k_now]
                 values[slot, :ready, k_now:] = np.nan
@@ -371,7 +357,8 @@ class JobWindow:
         # The machines new to the window, registered below one by one: room for all of them at
         # once (a job's first seconds bring thousands), not one doubling after another.
         index = self.machine_index
-        new = {b.node for b in batches if b.node not in index}
+        longest = lim.max_name_length
+        new = {b.node for b in batches if b.node not in index and len(b.node) <= longest}
         if new:
             self._grow(machines=min(self.n_machines + len(new), lim.max_machines))
         # second -> the machines, series indices and values gathered for it
@@ -477,8 +464,15 @@ class JobWindow:
         lim = self.limits
         out = np.empty(len(layout), dtype=np.int64)
         added = self._series_added.get(m, 0)
-        # Room for the layout's new series at once (a node's first batch brings all of them).
-        fresh = sum(1 for key in layout if key not in self.series_index)
+        # Room for the layout's new series at once (a node's first batch brings all of them);
+        # only for those that will be taken (refused names and series beyond the bounds are not).
+        longest = lim.max_name_length
+        fresh = sum(
+            1
+            for key in layout
+            if key not in self.series_index and len(key[0]) <= longest and len(key[1]) <= longest
+        )
+        fresh = min(fresh, max(0, lim.max_series_per_machine - added))
         if fresh:
             self._grow(series=min(self.n_series + fresh, lim.max_series))
         for i, (name, dev) in enumerate(layout):
@@ -802,11 +796,6 @@ class _Group:
     values: list[np.ndarray] = field(default_factory=list)
 
 
-_RESERVE_FACTOR = 8
-"""Machines a window's value buffer reserves room for, as a multiple of those it holds."""
-_MAX_RESERVED_BYTES = 4 << 30
-"""Largest value buffer reserved (address space); beyond it the buffer reserves twice what it
-holds."""
 _MAX_RUNS = 16
 """Runs of consecutive series above which :meth:`JobWindow.window` gathers with one index."""
 

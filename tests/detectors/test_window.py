@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
-import detectors.window as window_module
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.codec import Decoder, WireFormat, encode_batch
 from minder.core.records import Event, EventKind, NodeBatch
@@ -135,37 +132,12 @@ def test_packed_layouts_map_to_series_once_and_respect_the_series_bound() -> Non
     assert np.isnan(cpu[1::2]).all()
 
 
-class _StrictOvercommit:
-    """numpy, but ``empty`` refuses a value buffer of more machine rows than ``rows`` (as a host
-    with ``vm.overcommit_memory=2`` refuses a reserve it would have to commit)."""
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
-        self.refused = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(np, name)
-
-    def empty(self, shape: Any, dtype: Any = float) -> np.ndarray:
-        if isinstance(shape, tuple) and len(shape) == 3 and shape[1] > self.rows:
-            self.refused += 1
-            raise MemoryError(f"cannot allocate {shape}")
-        return np.empty(shape, dtype)
-
-
-@pytest.mark.parametrize("overcommit", ["heuristic", "strict"])
-def test_machines_arriving_over_several_polls_read_back_as_one_dense_record(
-    overcommit: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The value buffer reserves room for machines ahead and fills rows as they come; series
-    added later and a re-bucketed window keep every value, NaN where nothing was sent. Where the
-    reserve cannot be had (strict overcommit), the buffer takes the rows it needs instead."""
+def test_machines_arriving_over_several_polls_read_back_as_one_dense_record() -> None:
+    """The value buffer grows for a poll's new machines at once and fills rows as they come;
+    series added later and a re-bucketed window keep every value, NaN where nothing was sent."""
     rng = np.random.default_rng(7)
     names = [("gpu_util_ratio", f"gpu{d}") for d in range(3)] + [("cpu_util_ratio", "")]
     w = JobWindow("j", horizon_s=6)
-    strict = _StrictOvercommit(rows=1024)  # what doubling 400 machines takes, not 8 x 400
-    if overcommit == "strict":
-        monkeypatch.setattr(window_module, "np", strict)
     expected: dict[tuple[int, str, tuple[str, str]], float] = {}
     n = 0
     for poll, sec in enumerate(range(100, 112)):
@@ -201,4 +173,23 @@ def test_machines_arriving_over_several_polls_read_back_as_one_dense_record(
     # A subset of series, in runs and scattered, reads the same values as the full view.
     for cols in (np.array([1, 2]), np.array([4, 0, 2]), np.arange(w.n_series)[::-1].copy()):
         np.testing.assert_array_equal(w.window(end, length, cols), view[:, :, cols])
-    assert (strict.refused > 0) == (overcommit == "strict")
+
+
+def test_refused_machines_and_series_do_not_grow_the_window() -> None:
+    """A broken agent's names (too long, or beyond the bounds) are refused and counted, and take
+    no room: the buffer is sized by what was taken."""
+    lim = WindowLimits(max_series_per_machine=8)
+    w = JobWindow("j", horizon_s=64, limits=lim)
+    healthy = [("gpu_util_ratio", f"gpu{d}", 0.5) for d in range(4)]
+    for sec in range(100, 164):  # a healthy job: 20 machines x 4 series, every slot live
+        w.add_batches([NodeBatch("j", f"n{m}", float(sec), samples=healthy) for m in range(20)])
+    before = w._values.shape
+    long = "x" * (lim.max_name_length + 1)
+    bad_devices = [("gpu_util_ratio", f"{long}{d}", 1.0) for d in range(2000)]
+    many = [("gpu_util_ratio", f"gpu-extra{d}", 1.0) for d in range(2000)]
+    w.add_batches([NodeBatch("j", "n0", 164.0, samples=bad_devices + many)])
+    w.add_batches([NodeBatch("j", f"{long}{m}", 164.0, samples=[]) for m in range(3000)])
+    assert w.stats.rejected["name_too_long"] == 2000 + 3000
+    assert w.stats.rejected["too_many_series"] == 2000 - 4
+    assert w.n_machines == 20 and w.n_series == 8
+    assert w._values.shape[1] <= max(before[1], 32) and w._values.shape[2] <= max(before[2], 16)
