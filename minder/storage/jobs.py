@@ -343,44 +343,47 @@ def set_top_scores(
     session.flush()
 
 
+def _score(entry: ScoreRow | Mapping[str, Any] | tuple[Any, ...]) -> _Score:
+    """``entry`` as a ``(machine, metric, score, device)`` tuple, checked as
+    :meth:`ScoreRow.coerce` and :func:`check_name` check it. The service's own rows (4-tuples of
+    str, str, float, str, or ScoreRows) are taken as they are once found valid; anything else,
+    or anything invalid (for its error), goes through them."""
+    if isinstance(entry, tuple) and len(entry) == 4:
+        machine, metric, score, device = entry
+    elif isinstance(entry, ScoreRow):
+        machine, metric, score, device = entry.machine, entry.metric, entry.score, entry.device
+    else:
+        machine = metric = device = ""
+        score = 0.0
+    if (
+        type(machine) is str
+        and type(metric) is str
+        and type(score) is float
+        and type(device) is str
+        and machine
+        and metric
+        and len(machine) <= NAME_MAX_LEN
+        and math.isfinite(score)
+    ):
+        return (machine, metric, score, device)
+    coerced = ScoreRow.coerce(entry)
+    check_name(coerced.machine, "machine")
+    # float(): a ScoreRow may hold a numpy float
+    return (coerced.machine, coerced.metric, float(coerced.score), coerced.device)
+
+
 def _best_rows(
     rows: Iterable[ScoreRow | Mapping[str, Any] | tuple[Any, ...]],
 ) -> tuple[dict[tuple[str, str], _Score], dict[str, _Score]]:
     """The highest row per (machine, metric), and per machine, as ``(machine, metric, score,
-    device)`` tuples (checked as :meth:`ScoreRow.coerce` and :func:`check_name` check them)."""
+    device)`` tuples (:func:`_score`)."""
     best: dict[tuple[str, str], _Score] = {}
-    isfinite = math.isfinite
     for entry in rows:
-        # The service's own rows (4-tuples of str, str, float, str, or ScoreRows) are taken
-        # as they are once checked; anything else goes through ScoreRow.coerce.
-        row: _Score | None = None
-        if isinstance(entry, tuple) and len(entry) == 4:
-            machine, metric, score, device = entry
-            row = entry
-        elif isinstance(entry, ScoreRow):
-            machine, metric, score, device = entry.machine, entry.metric, entry.score, entry.device
-        else:
-            machine = metric = device = ""
-            score = 0.0
-        if not (
-            type(machine) is str
-            and type(metric) is str
-            and type(score) is float
-            and type(device) is str
-            and machine
-            and metric
-            and len(machine) <= NAME_MAX_LEN
-            and isfinite(score)
-        ):
-            coerced = ScoreRow.coerce(entry)
-            check_name(coerced.machine, "machine")
-            machine, metric = coerced.machine, coerced.metric
-            score, device = float(coerced.score), coerced.device  # a ScoreRow's numpy float
-            row = None
-        key = (machine, metric)
+        row = _score(entry)
+        key = (row[0], row[1])
         old = best.get(key)
-        if old is None or score > old[2]:
-            best[key] = row if row is not None else (machine, metric, score, device)
+        if old is None or row[2] > old[2]:
+            best[key] = row
     top: dict[str, _Score] = {}
     for kept in best.values():
         old = top.get(kept[0])
