@@ -258,7 +258,7 @@ class JobWindow:
         return idx
 
     def _grow(self, machines: int | None = None, series: int | None = None) -> None:
-        # Capacity of the (machine, series) arrays, and of the value buffer's rows and columns.
+        # Capacity of the (machine, series) arrays and of the value buffer (same shape).
         m_now, k_now = self._last_seen.shape
         m_need = max(m_now, machines or 0)
         k_need = max(k_now, series or 0)
@@ -273,15 +273,12 @@ class JobWindow:
         # Its new rows are filled (their memory touched) only as machines come and only in the
         # slots that hold a tick; no room is reserved beyond the doubling (a reserve is resident
         # memory where huge pages round it up, and committed memory under strict overcommit).
-        buffer_m = self._values.shape[1]
-        if k_cap > self._values.shape[2] or m_cap > buffer_m:
-            buffer_m = max(m_cap, buffer_m)
-            ready = self._rows_ready
-            values = np.empty((self.slots, buffer_m, k_cap), dtype=np.float32)
-            for slot in self._live_slots():
-                values[slot, :ready, :k_now] = self._values[slot, :ready, :k_now]
-                values[slot, :ready, k_now:] = np.nan
-            self._values = values
+        ready = self._rows_ready
+        values = np.empty((self.slots, m_cap, k_cap), dtype=np.float32)
+        for slot in self._live_slots():
+            values[slot, :ready, :k_now] = self._values[slot, :ready, :k_now]
+            values[slot, :ready, k_now:] = np.nan
+        self._values = values
         self._ready_rows(machines or 0)
         self._last_seen = _grown(self._last_seen, (m_cap, k_cap), NEVER)
         self._first_seen = _grown(self._first_seen, (m_cap, k_cap), NEVER)
