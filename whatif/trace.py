@@ -229,11 +229,7 @@ class OpsTable:
     def to_frame(self) -> pd.DataFrame:
         """The table as a pandas DataFrame (``optype`` a categorical over every known op type);
         imports pandas. The frame shares the table's arrays: copy it before changing it."""
-        import pandas as pd  # noqa: PLC0415  (only callers that want a DataFrame pay for it)
-
-        columns: dict[str, Any] = dict(self._columns)
-        columns["optype"] = pd.Categorical.from_codes(columns["optype"], dtype=optype_dtype())
-        return pd.DataFrame(columns, copy=False)
+        return _frame_of(self._columns)
 
 
 @dataclass
