@@ -26,7 +26,8 @@ Printed (measured after a warm-up of ``--warmup`` seconds):
   the CPU of the ``ethtool`` child processes it ran; the updater, the probe client and the
   broker are other processes and are not counted;
 - peak RSS of the agent process (``getrusage``), and whether numpy was loaded by then (the
-  codec's decoder side, which the comparison below needs, is imported only after it);
+  codec, which the encodings compared below come from in every tree, loads numpy: it is
+  imported only after that);
 - mean collect time per source (ms), samples per batch;
 - bytes on the wire per node-second: every batch the runner encodes in the measured window is
   counted as it leaves the runner's own encoder (from schema 2 on a stateful
@@ -328,8 +329,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if wire_batches < 1:
             raise SystemExit(f"no batch was encoded in {wall:.1f} s: the agent is not running")
         batch = recent[-1]
-        # Imported only now: the codec's decoder side loads numpy, which the agent itself does
-        # not (from issue 14 on), so importing it earlier would count it in the peak RSS.
+        # Imported only now: the codec (the module that has these in older trees too) loads
+        # numpy, which the agent itself does not (from issue 14 on), so importing it earlier
+        # would count numpy in the peak RSS.
         from minder.core.codec import WireFormat, encode_batch  # noqa: PLC0415
 
         # schema 1 is stateless: the last few batches stand for all of them
