@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from minder.core.errors import MinderError
 
 if TYPE_CHECKING:  # the analysis (pandas, numpy) is imported only when a command runs
+    from rich.console import Console
+
     from whatif import Trace
 
 whatif_app = typer.Typer(
@@ -27,7 +27,24 @@ whatif_app = typer.Typer(
     add_completion=False,
 )
 
-_err = Console(stderr=True)
+_ERR: list[Console] = []
+
+
+def _err() -> Console:
+    """The stderr console, built at first use: a report written as JSON needs no rich."""
+    if not _ERR:
+        from rich.console import Console  # noqa: PLC0415
+
+        _ERR.append(Console(stderr=True))
+    return _ERR[0]
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape  # noqa: PLC0415
+
+    return escape(text)
+
+
 _TIMELINE_DEFAULT_LIMIT = 1_000_000
 """Without --step, a larger job exports only its first two steps."""
 
@@ -67,7 +84,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]
         BarColumn(),
         TextColumn("{task.completed}/{task.total} replays"),
         TimeElapsedColumn(),
-        console=_err,
+        console=_err(),
         transient=True,
     ) as bar:
         task = bar.add_task("replaying", total=None)
@@ -79,7 +96,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    _err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    _err().print(f"[red]error:[/red] {_escape(str(exc))}", highlight=False)
     return typer.Exit(code=2)
 
 
@@ -138,6 +155,8 @@ def analyze_command(
 
         text = render_html(report)
     else:
+        from rich.console import Console  # noqa: PLC0415
+
         from whatif.render import render_table  # noqa: PLC0415
 
         if output is None:
@@ -151,7 +170,7 @@ def analyze_command(
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
-        _err.print(f"wrote {output}")
+        _err().print(f"wrote {output}")
 
 
 @whatif_app.command("timeline")
@@ -186,7 +205,7 @@ def timeline_command(
         model = build_model(_load(trace, meta))
         if steps is None and model.n_ops_total > _TIMELINE_DEFAULT_LIMIT:
             steps = [int(s) for s in model.steps[:2]]
-            _err.print(
+            _err().print(
                 f"{model.n_ops_total:,} ops is more than a viewer can open: exporting steps "
                 f"{steps} (choose with --step)"
             )
@@ -196,7 +215,7 @@ def timeline_command(
         for kind in chosen:
             data = timeline_events(model, kind, steps=steps, dp_ranks=dp_ranks)
             path = write_timeline(data, output.with_name(f"{stem}-{kind}{suffix}"))
-            _err.print(f"wrote {path} ({len(data['traceEvents']):,} events)")
+            _err().print(f"wrote {path} ({len(data['traceEvents']):,} events)")
     except (MinderError, FileNotFoundError) as exc:
         raise _fail(exc) from None
 
@@ -218,5 +237,5 @@ def convert_command(
     except (MinderError, FileNotFoundError) as exc:
         raise _fail(exc) from None
     for note in loaded.notes:
-        _err.print(f"note: {escape(note)}", highlight=False)
-    _err.print(f"wrote {parquet} and {meta_path}")
+        _err().print(f"note: {_escape(note)}", highlight=False)
+    _err().print(f"wrote {parquet} and {meta_path}")
