@@ -52,7 +52,12 @@ class SqlStateStore:
 
     def save_job(self, job: JobSnapshot) -> None:
         """Replace the job's machines and current scores (machines not listed are kept)."""
-        machines, rows = _rows(job.machines)
+        machines = _infos(job.machines)
+        rows = [
+            (m.machine, metric, score, device)
+            for m in job.machines
+            for metric, (score, device) in m.per_metric.items()
+        ]  # the store takes the service's own tuples as they are: no row object per score
         with self.sessions.begin() as session:
             upsert_job_machines(session, job.job, machines, job.ts)
             save_scores(session, job.job, rows, job.ts)
@@ -67,7 +72,7 @@ class SqlStateStore:
     ) -> None:
         """Write what changed in ``job``: the machine rows (labels, last seen, top score) of
         ``machines``, the ``scores`` that moved and the ``removed`` ones; the rest is kept."""
-        infos, _ = _rows(machines)
+        infos = _infos(machines)
         tops = {
             m.machine: ScoreRow(m.machine, m.metric, m.score, m.device) if m.metric else None
             for m in machines
@@ -81,17 +86,10 @@ class SqlStateStore:
                 set_top_scores(session, job, tops, ts)
 
 
-def _rows(machines: Iterable[MachineSnapshot]) -> tuple[list[MachineInfo], list[ScoreRow]]:
-    infos: list[MachineInfo] = []
-    rows: list[ScoreRow] = []
-    for m in machines:
-        infos.append(
-            MachineInfo(
-                name=m.machine, group=m.group, domain=m.domain, last_seen_ts=m.last_seen_ts or None
-            )
+def _infos(machines: Iterable[MachineSnapshot]) -> list[MachineInfo]:
+    return [
+        MachineInfo(
+            name=m.machine, group=m.group, domain=m.domain, last_seen_ts=m.last_seen_ts or None
         )
-        rows.extend(
-            ScoreRow(machine=m.machine, metric=metric, score=score, device=device)
-            for metric, (score, device) in m.per_metric.items()
-        )
-    return infos, rows
+        for m in machines
+    ]
