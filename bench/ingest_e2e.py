@@ -311,7 +311,16 @@ class Worker:
         url = f"http://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             text = response.read().decode()
-        values = {"batches": 0.0, "lag_s": 0.0, "assigned": 0.0, "backlog": 0.0}
+        values = {
+            "batches": 0.0,
+            "lag_s": 0.0,
+            "assigned": 0.0,
+            "backlog": 0.0,
+            "state_machines": 0.0,  # the state writer's (absent in older trees: 0)
+            "state_write_s": 0.0,
+            "evaluations": 0.0,  # job-seconds evaluated, and their CPU seconds
+            "evaluation_cpu_s": 0.0,
+        }
         for line in text.splitlines():
             if line.startswith("minder_batches_consumed_total "):
                 values["batches"] = float(line.split()[-1])
@@ -321,6 +330,14 @@ class Worker:
                 values["assigned"] = float(line.split()[-1])
             elif line.startswith("minder_consumer_lag_messages{"):
                 values["backlog"] += float(line.split()[-1])
+            elif line.startswith("minder_state_machines_written_total "):
+                values["state_machines"] = float(line.split()[-1])
+            elif line.startswith("minder_state_write_seconds_sum "):
+                values["state_write_s"] = float(line.split()[-1])
+            elif line.startswith("minder_evaluation_seconds_count "):
+                values["evaluations"] = float(line.split()[-1])
+            elif line.startswith("minder_evaluation_seconds_sum "):
+                values["evaluation_cpu_s"] = float(line.split()[-1])
         values["cpu_s"] = self.cpu_s()
         values["t"] = time.monotonic()
         return values
@@ -374,8 +391,8 @@ def start_workers(
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    log = worker.log.read_text()[-3000:]
-                    raise SystemExit(f"error: worker not up:\n{log}") from None
+                    tail = worker.log.read_text()[-3000:]
+                    raise SystemExit(f"error: worker not up:\n{tail}") from None
                 time.sleep(0.2)
     return workers
 
@@ -451,7 +468,17 @@ def drain(
         "wall_s": round(wall, 2),
         "broker_cpu_s": round(broker_cpu1 - broker_cpu0, 2),
         "per_worker_batches": [int(s["batches"]) for s in last],
+        # The state writer coalesces each job's captures and writes the newest: in a drain it
+        # writes as often as it can, so what it writes grows with the drain's wall time.
+        "state_machines_written": int(_delta(first, last, "state_machines")),
+        "state_write_s": round(_delta(first, last, "state_write_s"), 2),
+        "evaluations": int(_delta(first, last, "evaluations")),
+        "evaluation_cpu_s": round(_delta(first, last, "evaluation_cpu_s"), 2),
     }
+
+
+def _delta(first: list[dict[str, float]], last: list[dict[str, float]], key: str) -> float:
+    return sum(b[key] - a[key] for a, b in zip(first, last, strict=True))
 
 
 def percentile(values: list[float], q: float) -> float:
