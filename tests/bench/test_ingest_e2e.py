@@ -53,6 +53,9 @@ def test_a_tiny_run_drains_everything_it_produced(tmp_path: Path) -> None:
     assert Path(tree["minder_file"]).is_relative_to(ROOT)
     assert tree["fill"]["sent"] == 12 * 3
     assert sum(tree["drain"]["per_worker_batches"]) >= 12 * 3
+    # what the workers' /metrics say they wrote and evaluated, over the measured interval
+    for key in ("state_machines_written", "state_write_s", "evaluations", "evaluation_cpu_s"):
+        assert tree["drain"][key] >= 0, key
     [two] = tree["scale"]["runs"]
     assert two["workers"] == 2 and len(two["per_worker_batches"]) == 2
     assert sum(two["per_worker_batches"]) >= 2 * 6 * 3
