@@ -293,6 +293,20 @@ def producer_result(process: subprocess.Popen[str], root: Path, timeout: float) 
     return result
 
 
+_SERIES = {
+    "minder_batches_consumed_total": "batches",
+    "minder_processing_lag_seconds": "lag_s",
+    "minder_assigned_partitions": "assigned",
+    "minder_consumer_lag_messages": "backlog",
+    # the state writer's machines and seconds; the job-seconds evaluated and their CPU seconds
+    "minder_state_machines_written_total": "state_machines",
+    "minder_state_write_seconds_sum": "state_write_s",
+    "minder_evaluation_seconds_count": "evaluations",
+    "minder_evaluation_seconds_sum": "evaluation_cpu_s",
+}
+"""The worker's ``/metrics`` series the bench reads, and the keys it gives them."""
+
+
 @dataclass
 class Worker:
     """One ``minder serve`` process of the measured tree."""
@@ -311,33 +325,13 @@ class Worker:
         url = f"http://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             text = response.read().decode()
-        values = {
-            "batches": 0.0,
-            "lag_s": 0.0,
-            "assigned": 0.0,
-            "backlog": 0.0,
-            "state_machines": 0.0,  # the state writer's (absent in older trees: 0)
-            "state_write_s": 0.0,
-            "evaluations": 0.0,  # job-seconds evaluated, and their CPU seconds
-            "evaluation_cpu_s": 0.0,
-        }
+        # every series is summed over its labels; one absent (an older tree) stays 0
+        values = dict.fromkeys(_SERIES.values(), 0.0)
         for line in text.splitlines():
-            if line.startswith("minder_batches_consumed_total "):
-                values["batches"] = float(line.split()[-1])
-            elif line.startswith("minder_processing_lag_seconds "):
-                values["lag_s"] = float(line.split()[-1])
-            elif line.startswith("minder_assigned_partitions "):
-                values["assigned"] = float(line.split()[-1])
-            elif line.startswith("minder_consumer_lag_messages{"):
-                values["backlog"] += float(line.split()[-1])
-            elif line.startswith("minder_state_machines_written_total "):
-                values["state_machines"] = float(line.split()[-1])
-            elif line.startswith("minder_state_write_seconds_sum "):
-                values["state_write_s"] = float(line.split()[-1])
-            elif line.startswith("minder_evaluation_seconds_count "):
-                values["evaluations"] = float(line.split()[-1])
-            elif line.startswith("minder_evaluation_seconds_sum "):
-                values["evaluation_cpu_s"] = float(line.split()[-1])
+            name = line.partition("{")[0].partition(" ")[0]
+            key = _SERIES.get(name)
+            if key is not None:
+                values[key] += float(line.split()[-1])
         values["cpu_s"] = self.cpu_s()
         values["t"] = time.monotonic()
         return values
