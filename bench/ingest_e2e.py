@@ -301,10 +301,23 @@ _SERIES = {
     # the state writer's machines and seconds; the job-seconds evaluated and their CPU seconds
     "minder_state_machines_written_total": "state_machines",
     "minder_state_write_seconds_sum": "state_write_s",
+    "minder_state_captures_superseded_total": "state_superseded",
     "minder_evaluation_seconds_count": "evaluations",
     "minder_evaluation_seconds_sum": "evaluation_cpu_s",
 }
 """The worker's ``/metrics`` series the bench reads, and the keys it gives them."""
+
+
+def read_series(text: str) -> dict[str, float]:
+    """The :data:`_SERIES` of a ``/metrics`` page, each summed over its labels; a series the
+    page lacks (an older tree's) is 0."""
+    values = dict.fromkeys(_SERIES.values(), 0.0)
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        key = _SERIES.get(name)
+        if key is not None:
+            values[key] += float(line.split()[-1])
+    return values
 
 
 @dataclass
@@ -325,13 +338,7 @@ class Worker:
         url = f"http://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             text = response.read().decode()
-        # every series is summed over its labels; one absent (an older tree) stays 0
-        values = dict.fromkeys(_SERIES.values(), 0.0)
-        for line in text.splitlines():
-            name = line.partition("{")[0].partition(" ")[0]
-            key = _SERIES.get(name)
-            if key is not None:
-                values[key] += float(line.split()[-1])
+        values = read_series(text)
         values["cpu_s"] = self.cpu_s()
         values["t"] = time.monotonic()
         return values
@@ -462,10 +469,13 @@ def drain(
         "wall_s": round(wall, 2),
         "broker_cpu_s": round(broker_cpu1 - broker_cpu0, 2),
         "per_worker_batches": [int(s["batches"]) for s in last],
-        # The state writer coalesces each job's captures and writes the newest: in a drain it
-        # writes as often as it can, so what it writes grows with the drain's wall time.
+        # The engine submits a job's capture every few data seconds and the state writer writes
+        # the newest of each job (superseded: a newer one came before the writer got to it).
+        # Write seconds are wall time, waits for the GIL included; evaluation CPU seconds are
+        # the process's, so they count its other threads' work during an evaluation too.
         "state_machines_written": int(_delta(first, last, "state_machines")),
         "state_write_s": round(_delta(first, last, "state_write_s"), 2),
+        "state_captures_superseded": int(_delta(first, last, "state_superseded")),
         "evaluations": int(_delta(first, last, "evaluations")),
         "evaluation_cpu_s": round(_delta(first, last, "evaluation_cpu_s"), 2),
     }
