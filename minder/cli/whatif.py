@@ -170,7 +170,7 @@ def analyze_command(
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
-        _err().print(f"wrote {output}")
+        _err().print(f"wrote {_escape(str(output))}", highlight=False)
 
 
 @whatif_app.command("timeline")
@@ -215,7 +215,9 @@ def timeline_command(
         for kind in chosen:
             data = timeline_events(model, kind, steps=steps, dp_ranks=dp_ranks)
             path = write_timeline(data, output.with_name(f"{stem}-{kind}{suffix}"))
-            _err().print(f"wrote {path} ({len(data['traceEvents']):,} events)")
+            _err().print(
+                f"wrote {_escape(str(path))} ({len(data['traceEvents']):,} events)", highlight=False
+            )
     except (MinderError, FileNotFoundError) as exc:
         raise _fail(exc) from None
 
@@ -238,4 +240,4 @@ def convert_command(
         raise _fail(exc) from None
     for note in loaded.notes:
         _err().print(f"note: {_escape(note)}", highlight=False)
-    _err().print(f"wrote {parquet} and {meta_path}")
+    _err().print(f"wrote {_escape(str(parquet))} and {_escape(str(meta_path))}", highlight=False)

@@ -66,6 +66,18 @@ def test_analyze_json_of_the_published_trace(tmp_path: Path) -> None:
     assert data["slowdown"] == pytest.approx(1.1787021836556841, rel=1e-6)
 
 
+def test_an_output_path_that_looks_like_markup_is_written_and_named(
+    small: Path, tmp_path: Path
+) -> None:
+    """``wrote PATH`` goes through rich: a path holding ``[/x]`` must not be taken for markup
+    (it raised a MarkupError after the report was written)."""
+    out = tmp_path / "a[/x]" / "r[/b].json"
+    result = runner.invoke(app, ["whatif", "analyze", str(small), "-f", "json", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["slowdown"] > 1
+    assert "r[/b].json" in result.output
+
+
 def test_analyze_html_is_self_contained(small: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     result = runner.invoke(app, ["whatif", "analyze", str(small), "-f", "html", "-o", str(out)])
