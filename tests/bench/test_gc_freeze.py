@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,25 +33,20 @@ def test_a_small_run_measures_both_ways() -> None:
     assert summary["rounds"] == 1 and summary["vs_thawed"]["frozen"] > 0
 
 
-def test_too_few_seconds_are_refused() -> None:
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--seconds", "8"], "--seconds 8: expected more than --warm-s (8)"),
+        (["--ways", "thawed,cold"], "--ways 'thawed,cold': expected a list of"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(args: list[str], expected: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gc_freeze.py"), "--seconds", "8"],
+        [sys.executable, str(ROOT / "bench" / "gc_freeze.py"), *args],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
         check=False,
     )
-    assert done.returncode == 2 and "--seconds 8: expected more than --warm-s (8)" in done.stderr
-
-
-def test_unknown_ways_are_refused() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gc_freeze.py"), "--ways", "thawed,cold"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        check=False,
-    )
-    assert done.returncode == 2 and "--ways 'thawed,cold': expected a list of" in done.stderr
+    assert done.returncode == 2 and expected in done.stderr
