@@ -6,7 +6,7 @@ Usage::
     python bench/gc_freeze.py --jobs 8 --machines 1250 --seconds 24 --rounds 2 \\
         --ways thawed,frozen,tuned
 
-Simulated jobs (8 GPUs, 8 NICs a machine, as ``bench/ingest_e2e.py`` makes them) go through the
+Simulated jobs (``bench/ingest_e2e.py``'s own: 8 GPUs, 8 NICs a machine) go through the
 real detection service one data second at a time: ingest, then tick, as ``minder serve`` does
 after a poll. The seconds are generated as they are used. Each way runs in a process of its own,
 and the ways alternate for ``--rounds`` rounds.
@@ -47,32 +47,17 @@ WAYS = ("thawed", "frozen", "tuned")
 
 
 def child(args: argparse.Namespace) -> None:
+    from ingest_e2e import scenario  # noqa: PLC0415  (this folder: the same simulated jobs)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from collectors.sim import Scenario, iter_batches  # noqa: PLC0415
+    from collectors.sim import iter_batches  # noqa: PLC0415
     from detectors.base import default_factory  # noqa: PLC0415
     from minder.service.engine import DetectionService  # noqa: PLC0415
     from minder.service.telemetry import ServiceMetrics  # noqa: PLC0415
 
-    scenario = Scenario.model_validate(
-        {
-            "seed": 14,
-            "duration_s": args.seconds,
-            "start_ts": time.time() - args.seconds - 5,
-            "jobs": [
-                {
-                    "name": f"job{i}",
-                    "machines": args.machines,
-                    "gpus_per_machine": 8,
-                    "nics_per_machine": 8,
-                    "pp_stages": 8 if args.machines >= 64 else 1,
-                    "machines_per_domain": 16,
-                }
-                for i in range(args.jobs)
-            ],
-        }
-    )
-    now = [scenario.start_ts]
+    jobs = {f"job{i}": args.machines for i in range(args.jobs)}
+    simulated = scenario(jobs, args.seconds, time.time() - args.seconds - 5)
+    now = [simulated.start_ts]
     service = DetectionService(
         default_factory(),
         grace_s=2,
@@ -99,7 +84,7 @@ def child(args: argparse.Namespace) -> None:
     cpu = 0.0
     measured = 0
     frozen = 0
-    for second, (_, batches) in enumerate(iter_batches(scenario)):
+    for second, (_, batches) in enumerate(iter_batches(simulated)):
         if second == args.warm_s and args.way == "frozen":
             gc.collect()
             gc.freeze()

@@ -118,7 +118,9 @@ class AgentEncoders:
         return job.encode(), payload
 
 
-def _scenario(jobs: dict[str, int], seconds: int, start_ts: float) -> Any:
+def scenario(jobs: dict[str, int], seconds: int, start_ts: float) -> Any:
+    """The simulated jobs (``name -> machines``) of the ingest benches: 8 GPUs and 8 NICs a
+    machine, 8 pipeline stages from 64 machines on, 16 machines a domain."""
     from collectors.sim.scenario import Scenario  # noqa: PLC0415  (the measured tree, once on the path)
 
     return Scenario.model_validate(
@@ -167,7 +169,7 @@ def produce(args: argparse.Namespace) -> None:
     sent = bytes_sent = 0
     if args.mode == "fill":
         start = time.time() - args.seconds - 3.0
-        stream = iter_batches(_scenario(jobs, args.seconds, start))
+        stream = iter_batches(scenario(jobs, args.seconds, start))
         while True:
             t = time.process_time()
             item = next(stream, None)
@@ -187,7 +189,7 @@ def produce(args: argparse.Namespace) -> None:
         # The simulator's values of a few seconds, cycled with the live clock's timestamps.
         cached = min(args.seconds, 10)
         t = time.process_time()
-        seconds = [b for _, b in iter_batches(_scenario(jobs, cached, 0.0))]
+        seconds = [b for _, b in iter_batches(scenario(jobs, cached, 0.0))]
         gen_cpu = time.process_time() - t
         slips = []
         began = math.ceil(time.time())
