@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 from collections.abc import Callable, Iterator
@@ -27,16 +28,13 @@ whatif_app = typer.Typer(
     add_completion=False,
 )
 
-_ERR: list[Console] = []
 
-
+@functools.cache
 def _err() -> Console:
     """The stderr console, built at first use: a report written as JSON needs no rich."""
-    if not _ERR:
-        from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console  # noqa: PLC0415
 
-        _ERR.append(Console(stderr=True))
-    return _ERR[0]
+    return Console(stderr=True)
 
 
 def _escape(text: str) -> str:
