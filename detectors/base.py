@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from detectors.config import DetectorConfig
 from detectors.window import JobWindow
@@ -68,6 +68,12 @@ class CompositeDetector:
                 return float(value)
         return None
 
+    def job_findings(self) -> list[dict[str, Any]]:
+        """What the parts found about the job as a whole (metrics on which its machines are
+        not peers, a job too small to have peers): see
+        :meth:`detectors.engine.MinderDetector.job_findings`."""
+        return job_findings_of(self.parts)
+
     def late_ranks(self, k: int) -> list[LateRank]:
         """The job's ``k`` latest ranks, when a part measures lateness."""
         for part in self.parts:
@@ -75,6 +81,16 @@ class CompositeDetector:
             if late_ranks is not None:
                 return list(late_ranks(k))
         return []
+
+
+def job_findings_of(detectors: Sequence[object]) -> list[dict[str, Any]]:
+    """The job-level findings of every detector that has them (others have none)."""
+    out: list[dict[str, Any]] = []
+    for detector in detectors:
+        found = getattr(detector, "job_findings", None)
+        if found is not None:
+            out.extend(found())
+    return out
 
 
 def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.config import UNIT_FLOORS, DetectorConfig
+from detectors.config import DetectorConfig, metric_floor
 from detectors.methods import BASELINE_METHODS
 from detectors.scoring import MAD_TO_SIGMA, NOT_SCORED, peer_comparisons, row_nanmedian
 from detectors.window import JobWindow
@@ -174,7 +174,9 @@ def feature_layout(window: JobWindow) -> FeatureLayout:
         cols=np.asarray(cols, dtype=np.int64),
         metrics=[window.series[i][0] for i in cols],
         devices=[window.series[i][1] for i in cols],
-        floors=np.asarray([UNIT_FLOORS.get(window.series_spec[i].unit, 1.0) for i in cols]),
+        floors=np.asarray(
+            [metric_floor(window.series[i][0], window.series_spec[i].unit) for i in cols]
+        ),
     )
 
 

@@ -31,6 +31,83 @@ UNIT_FLOORS: dict[str, float] = {
     "1": 1.0,
 }
 
+METRIC_FLOORS: dict[str, float] = {
+    # Integer-percent fields (DCGM, NVML): two steps of their resolution.
+    "gpu_util_ratio": 0.02,
+    "gpu_sm_active_ratio": 0.02,
+    "gpu_tensor_active_ratio": 0.02,
+    "gpu_gr_engine_active_ratio": 0.02,
+    "gpu_dram_active_ratio": 0.02,
+    "cpu_util_ratio": 0.02,
+    # Board power is read to the watt but wanders by a few watts between identical GPUs.
+    "gpu_power_watts": 5.0,
+    # Temperature is read in whole degrees.
+    "gpu_temperature_celsius": 1.0,
+    # SM clocks move in 15 MHz bins.
+    "gpu_sm_clock_hertz": 15e6,
+    # Allocators reserve in large blocks: a few hundred MiB of frame buffer mean nothing.
+    "gpu_memory_used_bytes": 256 * 2**20,
+    "memory_used_bytes": 1024 * 2**20,
+    # Link throughputs: below 10 MB/s is the control traffic of an idle link.
+    "gpu_pcie_tx_bytes_per_second": 10e6,
+    "gpu_pcie_rx_bytes_per_second": 10e6,
+    "gpu_nvlink_tx_bytes_per_second": 10e6,
+    "gpu_nvlink_rx_bytes_per_second": 10e6,
+    "rdma_tx_bytes_per_second": 10e6,
+    "rdma_rx_bytes_per_second": 10e6,
+    "net_tx_bytes_per_second": 10e6,
+    "net_rx_bytes_per_second": 10e6,
+    "disk_read_bytes_per_second": 10e6,
+    "disk_write_bytes_per_second": 10e6,
+    "nccl_busbw_bytes_per_second": 10e6,
+    # Congestion counters: tens per second is background on a busy fabric.
+    "pfc_tx_pause_per_second": 10.0,
+    "pfc_rx_pause_per_second": 10.0,
+    "rdma_cnp_sent_per_second": 10.0,
+    "rdma_cnp_handled_per_second": 10.0,
+    "rdma_xmit_wait_per_second": 10.0,
+    # Step and collective times are timed to the millisecond; 5 ms is below any step's jitter.
+    "train_step_seconds": 0.005,
+    "train_busy_seconds": 0.005,
+    "nccl_collective_seconds": 0.005,
+}
+"""The smallest deviation worth a z-score of 1, per metric (docs/detection-method.md §10): the
+instrument's resolution and the spread identical healthy machines show. It is what the robust
+scale falls to when the peers' distribution is degenerate (a median absolute deviation of 0:
+every peer idle at 0 %, or quantised to one value), so a tiny scale never makes any non-zero
+value an outlier. Metrics not listed take their unit's floor (:data:`UNIT_FLOORS`)."""
+
+IDLE_AT_ZERO: frozenset[str] = frozenset(
+    {
+        "gpu_util_ratio",
+        "gpu_sm_active_ratio",
+        "gpu_tensor_active_ratio",
+        "gpu_gr_engine_active_ratio",
+        "gpu_dram_active_ratio",
+        "gpu_pcie_tx_bytes_per_second",
+        "gpu_pcie_rx_bytes_per_second",
+        "gpu_nvlink_tx_bytes_per_second",
+        "gpu_nvlink_rx_bytes_per_second",
+        "rdma_tx_bytes_per_second",
+        "rdma_rx_bytes_per_second",
+        "net_tx_bytes_per_second",
+        "net_rx_bytes_per_second",
+        "disk_read_bytes_per_second",
+        "disk_write_bytes_per_second",
+        "cpu_util_ratio",
+    }
+)
+"""Activity metrics that read 0 on an idle machine. When a machine's peers sit at that idle
+level (their median within the metric's floor of 0), the job is not working on that metric and
+there is no busy reference: a machine busier than idle peers is no fault signal (a serving pod
+taking requests), so it is not scored as an outlier above them. Congestion and error counters
+(PFC pauses, CNPs) are not here: there a surge above quiet peers is the fault."""
+
+
+def metric_floor(metric: str, unit: str) -> float:
+    """The scale floor of ``metric`` (:data:`METRIC_FLOORS`, else its unit's)."""
+    return METRIC_FLOORS.get(metric, UNIT_FLOORS.get(unit, 1.0))
+
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
@@ -98,6 +175,13 @@ class DetectorConfig:
         interval), this many or more, while the rest of the job keeps reporting, left the job
         together (a scale-down, a scheduler's kill): one membership change of the job, no
         machine alert. Only a domain that goes silent as a whole is a domain alert.
+    coherence_share, coherence_min_outliers
+        A metric is not peer-comparable in a job while more distinct machines than
+        ``max(coherence_min_outliers, coherence_share x machines)`` were its outliers over the
+        coherence horizon (:mod:`detectors.coherence`): faults are rare, about two a day per
+        job, while in a fleet of mixed load the outliers rotate and grow with the fleet.
+    coherence_horizon_s, coherence_horizon_samples
+        How far back an outlier counts: the longer of these seconds and this many samples.
     """
 
     window_s: int = 8
@@ -129,6 +213,10 @@ class DetectorConfig:
     rearm_intervals: int = 4
     batch_spread_s: float = 5.0
     batch_min_machines: int = 2
+    coherence_share: float = 0.05
+    coherence_min_outliers: int = 3
+    coherence_horizon_s: int = 1800
+    coherence_horizon_samples: int = 60
     benign_xids: frozenset[int] = field(default=BENIGN_XIDS)
 
     def __post_init__(self) -> None:
@@ -152,6 +240,9 @@ class DetectorConfig:
             "error_samples",
             "rearm_intervals",
             "batch_min_machines",
+            "coherence_min_outliers",
+            "coherence_horizon_s",
+            "coherence_horizon_samples",
         ):
             value = getattr(self, name)
             if value < 1:
@@ -165,6 +256,8 @@ class DetectorConfig:
                 f"severe_threshold={self.severe_threshold!r} below threshold={self.threshold!r} "
                 f"or untrusted_factor={self.untrusted_factor!r} below 1: expected neither"
             )
+        if not 0 < self.coherence_share < 1:
+            raise ValueError(f"coherence_share is {self.coherence_share!r}: expected (0, 1)")
         if not 0 < self.domain_fraction <= 1:
             raise ValueError(f"domain_fraction is {self.domain_fraction!r}: expected (0, 1]")
         if min(self.continuity_samples, self.severe_continuity_samples) < 1:

@@ -22,12 +22,14 @@ window and continuity. Machines that left the job are neither scored nor peers; 
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from detectors.coherence import CoherenceState, PeerCoherence
 from detectors.config import Cadence, DetectorConfig
 from detectors.continuity import ContinuityTracker, Severity
 from detectors.denoisers import Denoiser, denoiser_class
@@ -38,7 +40,11 @@ from detectors.priority import MetricPriority
 from detectors.rules import cadence_for, evaluate_rules, job_quiet
 from detectors.scoring import (
     BlockScores,
+    ScoreBucket,
     ScoreLayout,
+    above_idle_peers,
+    idle_gpus,
+    lag_tolerant_means,
     median_scores,
     pairwise_scores,
     peer_comparisons,
@@ -57,9 +63,6 @@ _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 SCORERS: tuple[str, ...] = ("median", "pairwise")
 _COLLAPSING = frozenset({"mean", "median"})
 """Filters whose output is one value per window: scored without the time axis."""
-UNSTEADY_FACTOR = 0.5
-"""At coarse sampling, the robust scale is at least this share of how far the peers' median
-moved within the window (:meth:`MinderDetector._unsteady`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,10 @@ class MinderDetector:
         self._last_scored: int | None = None
         self._skipped_logged = False
         self._layout_cache: ScoreLayout | None = None
+        self._domains: np.ndarray | None = None
+        self._too_few: tuple[int, int] | None = None
+        self._coherence_horizon_s = cfg.coherence_horizon_s
+        self.coherence = self._coherence(self.cadence)
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
 
@@ -174,6 +181,14 @@ class MinderDetector:
             ]
         )
 
+    def _coherence(self, cadence: Cadence) -> PeerCoherence:
+        cfg = self.config
+        ticks = max(
+            math.ceil(cfg.coherence_horizon_s / cadence.interval_s), cfg.coherence_horizon_samples
+        )
+        self._coherence_horizon_s = int(ticks * cadence.interval_s)
+        return PeerCoherence(cfg.coherence_share, cfg.coherence_min_outliers, ticks)
+
     def _follow_cadence(self, window: JobWindow) -> None:
         """Take up the window's tick and series intervals when they change."""
         key = (window.tick_s, window.cadence_version)
@@ -191,6 +206,7 @@ class MinderDetector:
         window.ensure_slots(2 * longest)
         if tick_changed:
             self.continuity = self._tracker(self.cadence)
+            self.coherence = self._coherence(self.cadence)
             self._last_tick = self._last_scored = None
 
     def _metric_window(self, metric: str) -> int:
@@ -219,7 +235,13 @@ class MinderDetector:
         if quiet and not self._quiet:
             window.note("quiet", float(now), "most of the job's machines stopped reporting")
         self._quiet = quiet
-        with_peers = int(window.active().sum()) >= cfg.min_machines
+        in_job = int(window.active().sum())
+        with_peers = in_job >= cfg.min_machines
+        if not with_peers and in_job > 0:
+            if self._too_few is None:
+                self._too_few = (in_job, now)
+        elif with_peers:
+            self._too_few = None
         if not with_peers and not self._skipped_logged:
             logger.info(
                 "job %s has %d machine(s): fewer than %d, so no peers to compare; only the "
@@ -281,22 +303,28 @@ class MinderDetector:
         if self._last_scored is not None and tick - self._last_scored != 1:
             # The replay jumped a gap (or time went back): runs are not continuous any more.
             self.continuity.reset()
+            self.coherence.reset()
         self._last_scored = tick
         active = window.active()
         comparisons = [(t, m) for t, m in peer_comparisons(window, cfg.min_group, active) if m.size]
         length = max(self._metric_window(m) for b in layout.buckets for m in b.metrics)
-        raw_values = window.window(now, length, layout.all_cols)
-        if length > self.cadence.window:
-            raw_values = self._hold_coarse(window, layout.all_cols, raw_values)
-        values = _impute_missing(raw_values, comparisons)
-        unsteady = self._unsteady(window, values)
-        # Scored: part of the job, and in it for a full window.
-        full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= self.cadence.window
-        self._scored = active & full
         all_means = all(
             self.denoiser_for(m).denoiser.kind == "mean" for b in layout.buckets for m in b.metrics
         )
-        if all_means:
+        # Coarse sampling, one cadence: window means judged instant by instant with one
+        # sample of phase tolerance (one more sample back for the lag).
+        lagged = all_means and window.tick_s > 1 and length == self.cadence.window
+        raw_values = window.window(now, length + int(lagged), layout.all_cols)
+        if length > self.cadence.window:
+            raw_values = self._hold_coarse(window, layout.all_cols, raw_values)
+        values = _impute_missing(raw_values, comparisons)
+        # Scored: part of the job, and in it for a full window.
+        full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= self.cadence.window
+        self._scored = active & full
+        own_means = None
+        if lagged:
+            means, own_means = lag_tolerant_means(values, comparisons)
+        elif all_means:
             # The default: one nan-mean over the whole window instead of one per metric.
             counts = np.count_nonzero(np.isfinite(values), axis=0)
             # nansum's sum, without its copy of the window (NaN -> 0): the NaNs are skipped.
@@ -304,6 +332,7 @@ class MinderDetector:
             with np.errstate(invalid="ignore", divide="ignore"):
                 means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         score = median_scores if self.scorer == "median" else pairwise_scores
+        results: list[tuple[ScoreBucket, BlockScores]] = []
         offset = 0
         for bucket in layout.buckets:
             k, width = bucket.columns.shape
@@ -320,34 +349,18 @@ class MinderDetector:
                 ]
                 length = max(p.shape[-1] for p in parts)
                 block = np.stack([np.broadcast_to(p, (n, width, length)) for p in parts], axis=1)
-            floors = bucket.floors
-            if unsteady is not None:
-                level_swing = unsteady[cols].reshape(k, width).max(axis=1)
-                floors = np.maximum(floors, UNSTEADY_FACTOR * np.nan_to_num(level_swing))
-            result = score(block, comparisons, cfg.rel_floor, floors)
+            if own_means is not None and self.scorer == "median":
+                own = own_means[:, cols].reshape(n, k, width, 1)
+                result = median_scores(block, comparisons, cfg.rel_floor, bucket.floors, own)
+            else:
+                result = score(block, comparisons, cfg.rel_floor, bucket.floors)
             result.z[~self._scored] = np.nan
-            findings += self._confirm(window, now, bucket.metrics, bucket.columns, result, scores)
+            results.append((bucket, result))
+        idle = idle_gpus(results, n)
+        for bucket, result in results:
+            findings += self._confirm(window, now, bucket, result, scores, idle)
         self.last_scores = scores
         return findings
-
-    def _unsteady(self, window: JobWindow, values: np.ndarray) -> np.ndarray | None:
-        """At coarse sampling, how far the peers' median level moved within the window, per
-        series (None at 1 s).
-
-        Only for a job sampled coarsely (its tick above 1 s), over its own window. A scrape
-        reads instantaneous gauges: while the whole job changes level (a checkpoint
-        starting, the sampled phase of the step sliding from compute to communication), a
-        machine a moment ahead or behind the others reads the other side of the edge. Lagging
-        a job-wide change is not a fault, so the robust scale is at least
-        :data:`UNSTEADY_FACTOR` times that swing; a machine that deviates while its peers hold
-        steady is scored as before.
-        """
-        if window.tick_s == 1:
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # ticks nobody reported
-            level = np.nanmedian(values[-self.cadence.window :], axis=1)  # time, column
-            return np.nanmax(level, axis=0) - np.nanmin(level, axis=0)
 
     def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Mixed cadences: each coarse series' sample stands for its whole interval (held
@@ -375,27 +388,46 @@ class MinderDetector:
         self,
         window: JobWindow,
         now: int,
-        metrics: list[str],
-        columns: np.ndarray,
+        bucket: ScoreBucket,
         result: BlockScores,
         scores: dict[str, tuple[np.ndarray, np.ndarray]],
+        idle: np.ndarray,
     ) -> list[Finding]:
-        """Advance continuity for a block's metrics; findings for the confirmed machines."""
+        """Advance continuity for a block's metrics; findings for the confirmed machines.
+
+        Every outlier counts towards the metric's peer coherence; a machine above idle peers
+        (:func:`detectors.scoring.above_idle_peers`) is not alerted, and a metric that is not
+        peer-comparable in this job (:mod:`detectors.coherence`) raises no finding.
+        """
         cfg = self.config
-        absz = np.where(np.isfinite(result.z), np.abs(result.z), -1.0)
-        device_idx = absz.argmax(axis=2)
-        top = np.take_along_axis(absz, device_idx[..., None], axis=2)[..., 0]
-        top = np.where(top < 0, np.nan, top)
+        metrics, columns = bucket.metrics, bucket.columns
+        raw_top, _ = _top(result.z)
+        result.z[above_idle_peers(result, bucket, idle)] = 0.0
+        top, device_idx = _top(result.z)
+        tick = window.tick_of(now)
         findings = []
         for j, metric in enumerate(metrics):
             scores[metric] = (np.nan_to_num(top[:, j], nan=0.0), device_idx[:, j])
             factor = self._threshold_factor(metric)
+            changed = self.coherence.update(
+                metric,
+                raw_top[:, j],
+                cfg.threshold * factor,
+                self._scored,
+                self._domain_codes(window),
+                tick,
+                now,
+            )
+            if changed is not None:
+                self._coherence_changed(window, changed)
             every = self._metric_every.get(metric, 1)
             lengths = None
             if every > 1:
                 own = cadence_for(cfg, every * self.cadence.interval_s)
                 lengths = (every * own.continuity, every * own.severe_continuity)
             confirmed = self.continuity.update(metric, top[:, j], factor, lengths)
+            if not self.coherence.comparable(metric):
+                continue
             for m, run, peak in zip(
                 confirmed.machines.tolist(),
                 confirmed.run_s.tolist(),
@@ -428,6 +460,78 @@ class MinderDetector:
                     )
                 )
         return findings
+
+    def _domain_codes(self, window: JobWindow) -> np.ndarray:
+        """Each machine's domain as a small integer (-1: none), cached per machine count."""
+        n = window.n_machines
+        if self._domains is None or self._domains.shape[0] != n:
+            names: dict[str, int] = {}
+            self._domains = np.asarray(
+                [
+                    names.setdefault(info.domain, len(names)) if info.domain else -1
+                    for info in window.machines
+                ],
+                dtype=np.int64,
+            )
+        return self._domains
+
+    def _coherence_changed(self, window: JobWindow, state: CoherenceState) -> None:
+        """Say once, in the log, that a metric stopped (or started again) being comparable."""
+        if state.comparable:
+            logger.info(
+                "job %s: %s is peer-comparable again (coherence %.2f, %d distinct outliers)",
+                window.job[:64],
+                state.metric,
+                state.coherence,
+                state.outliers,
+            )
+        else:
+            logger.info(
+                "job %s: machines are not alike on %s (coherence %.2f: %d distinct outliers of "
+                "%d machines, more than the %d faults could explain); no similarity alerts on "
+                "it while this holds",
+                window.job[:64],
+                state.metric,
+                state.coherence,
+                state.outliers,
+                state.machines,
+                state.allowance,
+            )
+
+    def job_findings(self) -> list[dict[str, Any]]:
+        """What the engine found about the job as a whole, not about one machine: metrics on
+        which its machines are not peers (``not_peer_comparable``, with the measured
+        coherence), and a job too small to have peers (``too_few_machines``)."""
+        out: list[dict[str, Any]] = []
+        if self._too_few is not None:
+            out.append(
+                {
+                    "finding": "too_few_machines",
+                    "metric": None,
+                    "machines": self._too_few[0],
+                    "since_ts": float(self._too_few[1]),
+                    "detail": f"fewer than {self.config.min_machines} machines: no peers to "
+                    "compare, only the hard-fault rules run",
+                }
+            )
+        for state in self.coherence.states():
+            if state.comparable:
+                continue
+            out.append(
+                {
+                    "finding": "not_peer_comparable",
+                    "metric": state.metric,
+                    "coherence": state.coherence,
+                    "outliers": state.outliers,
+                    "allowance": state.allowance,
+                    "machines": state.machines,
+                    "since_ts": float(state.since_sec),
+                    "detail": f"{state.outliers} distinct machines were outliers on "
+                    f"{state.metric} within {self._coherence_horizon_s} s (at most "
+                    f"{state.allowance} for peers): no similarity alerts on it",
+                }
+            )
+        return out
 
     def _threshold_factor(self, metric: str) -> float:
         if not self.prioritise or self.priority.trusts(metric):
@@ -512,6 +616,15 @@ class MinderDetector:
             domain=domain,
             evidence=evidence,
         )
+
+
+def _top(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per ``(machine, metric)`` of ``z[machine, metric, device]``: the largest |z| (NaN where
+    nothing is scored) and the device index behind it."""
+    absz = np.where(np.isfinite(z), np.abs(z), -1.0)
+    device_idx = absz.argmax(axis=2)
+    top = np.take_along_axis(absz, device_idx[..., None], axis=2)[..., 0]
+    return np.where(top < 0, np.nan, top), device_idx
 
 
 def _impute_missing(

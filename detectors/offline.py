@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,9 @@ class DetectionRun:
     jobs: dict[str, dict[str, float]] = field(default_factory=dict)
     membership: list[MembershipChange] = field(default_factory=list)
     """Machines that joined or left (not faults), in time order per job."""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """What detection found about each job as a whole (``job`` names it): metrics on which its
+    machines are not peers, with the measured coherence; a job too small to have peers."""
     modes: dict[str, str] = field(default_factory=dict)
     peak_rows: int = 0
 
@@ -96,6 +100,7 @@ class DetectionRun:
             "machines_alerted": sorted({a.machine for a in self.alerts}),
             "input": self.input_counts(),
             "replay": {"modes": self.modes, "peak_rows": self.peak_rows},
+            "findings": self.findings,
             "membership": [
                 {
                     "job": c.job,
@@ -181,6 +186,7 @@ class _Replay:
         self.evaluated = 0  # seconds with data evaluated
         self.alerts: list[Alert] = []
         self.membership: list[MembershipChange] = []
+        self.findings: dict[tuple[str, str | None], dict[str, Any]] = {}
         self.counts = dict.fromkeys(_COUNTS, 0)
 
     def register(self, machines: list[tuple[str, str, str]], series: list[tuple[str, str]]) -> None:
@@ -224,11 +230,30 @@ class _Replay:
             self.alerts.extend(self.detector.evaluate(self.window, now))
             if self.window.membership:
                 self.membership.extend(self.window.take_membership())
+            self._note_findings()
             if self.on_second is not None:
                 self.on_second(self.job, now, self.window, self.detector)
         if self.progress is not None and (self.evaluated % 60 == 0 or following is None):
             self.progress(self.job, min(self.total, stop - self.first_sec), self.total)
         self.evaluated += 1
+
+    def _note_findings(self) -> None:
+        """Keep each job-level finding once, from when it was first made, with its latest
+        measure (a metric that is not peer-comparable for a while is reported once)."""
+        found = getattr(self.detector, "job_findings", None)
+        if found is None:
+            return
+        for finding in found():
+            key = (str(finding["finding"]), finding.get("metric"))
+            first = self.findings.get(key)
+            entry = {"job": self.job, **finding}
+            if first is not None:
+                entry["since_ts"] = first["since_ts"]
+            self.findings[key] = entry
+
+    def job_findings(self) -> list[dict[str, Any]]:
+        """Job-level findings of the replay, in the order first made."""
+        return sorted(self.findings.values(), key=lambda f: (f["since_ts"], str(f.get("metric"))))
 
     def finish(self, out_of_order: int, backwards: int) -> dict[str, float]:
         """Evaluate the last second; what the job covered (``DetectionRun.jobs``)."""
@@ -300,9 +325,12 @@ def detect_table(
     # groupby copies every job's rows; a table of one job (the usual case) is used as it is.
     parts = [(jobs[0], table)] if len(jobs) == 1 else table.groupby("job", observed=True, sort=True)
     for job, rows in parts:
-        alerts, covered, membership = _detect_job(str(job), rows, factory, progress, on_second)
+        alerts, covered, membership, findings = _detect_job(
+            str(job), rows, factory, progress, on_second
+        )
         run.alerts.extend(alerts)
         run.membership.extend(membership)
+        run.findings.extend(findings)
         run.jobs[str(job)] = covered
         run.modes[str(job)] = "memory"
     run.alerts.sort(key=lambda a: (a.detected_ts, a.job, a.machine))
@@ -315,7 +343,7 @@ def _detect_job(
     factory: DetectorFactory,
     progress: Progress | None,
     on_second: SecondHook | None,
-) -> tuple[list[Alert], dict[str, float], list[MembershipChange]]:
+) -> tuple[list[Alert], dict[str, float], list[MembershipChange], list[dict[str, Any]]]:
     detector = factory()
     ts = rows["ts"].to_numpy(dtype=np.float64)
     table_secs = np.floor(ts).astype(np.int64)
@@ -366,7 +394,7 @@ def _detect_job(
         )
         lo = hi
     covered = replay.finish(late, back)
-    return replay.alerts, covered, replay.membership
+    return replay.alerts, covered, replay.membership, replay.job_findings()
 
 
 def _present(codes: np.ndarray, n_codes: int) -> np.ndarray:
@@ -683,6 +711,7 @@ def detect_file(
         run.jobs[job] = plan.replay.finish(plan.scan.out_of_order, plan.scan.backwards)
         run.alerts.extend(plan.replay.alerts)  # after finish: it evaluates the last second
         run.membership.extend(plan.replay.membership)
+        run.findings.extend(plan.replay.job_findings())
         run.modes[job] = "spill" if plan.spill is not None else "stream"
     run.alerts.sort(key=lambda a: (a.detected_ts, a.job, a.machine))
     return run

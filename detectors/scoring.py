@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.config import UNIT_FLOORS
+from detectors.config import IDLE_AT_ZERO, metric_floor
 from detectors.window import JobWindow
 from minder.core.metrics import MetricKind
 
@@ -36,6 +36,8 @@ class ScoreBucket:
     metrics: list[str]
     columns: np.ndarray
     floors: np.ndarray
+    idle_at_zero: np.ndarray
+    """Per metric: an activity that reads 0 when idle (:data:`detectors.config.IDLE_AT_ZERO`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +77,10 @@ def score_layout(window: JobWindow) -> ScoreLayout:
     for metrics in by_width.values():
         columns = np.asarray([by_metric[m] for m in metrics], dtype=np.int64)
         floors = np.asarray(
-            [UNIT_FLOORS.get(window.series_spec[by_metric[m][0]].unit, 1.0) for m in metrics]
+            [metric_floor(m, window.series_spec[by_metric[m][0]].unit) for m in metrics]
         )
-        buckets.append(ScoreBucket(metrics, columns, floors))
+        idle_at_zero = np.asarray([m in IDLE_AT_ZERO for m in metrics], dtype=bool)
+        buckets.append(ScoreBucket(metrics, columns, floors, idle_at_zero))
     all_cols = (
         np.concatenate([b.columns.ravel() for b in buckets])
         if buckets
@@ -141,6 +144,7 @@ def median_scores(
     comparisons: list[tuple[np.ndarray, np.ndarray]],
     rel_floor: float,
     floors: np.ndarray,
+    own_block: np.ndarray | None = None,
 ) -> BlockScores:
     """O(N) scores of ``block[machine, metric, device, time]`` against the peers' median window.
 
@@ -149,6 +153,11 @@ def median_scores(
     Missing values are skipped: a window is scored on the samples present, and a series a
     machine never reports stays NaN (never an outlier). Work is proportional to each
     comparison's machines, so many small groups cost no more than one big one.
+
+    ``own_block`` (same shape), when given, is what each machine is judged by, while the peers'
+    median and scale come from ``block``: the phase-tolerant means of
+    :func:`lag_tolerant_means` judge a machine at its best lag, but its peers' spread is taken
+    at lag 0, so choosing a lag never narrows the scale.
     """
     n, k, width, w = block.shape
     z = np.full((n, k, width), np.nan)
@@ -168,7 +177,10 @@ def median_scores(
             spread = row_nanmedian(flat)
             level = np.nanmean(center, axis=1)
             scale = _scale(spread, level, rel_floor, floors)
-            own = peers if targets is members else block[targets]
+            if own_block is not None:
+                own = own_block[targets]
+            else:
+                own = peers if targets is members else block[targets]
             dist, sign = _distance(own, center)
             zt = np.where(sign == 0, 1.0, sign) * dist / scale[None, :, None]
             zt[:, ~enough, :] = np.nan
@@ -265,3 +277,88 @@ def _mean_distances(points: np.ndarray, peers: np.ndarray, peer_valid: np.ndarra
     # A point among its own peers is at distance 0 from itself: average over the others.
     count = np.maximum(peer_valid.sum(axis=1) - 1, 1)[:, None]
     return np.where(points_valid, total / count, np.nan)
+
+
+def above_idle_peers(
+    result: BlockScores, bucket: ScoreBucket, idle_gpus: np.ndarray | None = None
+) -> np.ndarray:
+    """``(machine, metric, device)``: scored above peers that sit idle.
+
+    A machine's peers are idle on a metric of :data:`detectors.config.IDLE_AT_ZERO` when their
+    median level is within the metric's floor of 0; ``idle_gpus`` (per machine, from
+    :func:`idle_gpus`) says its peers' GPUs idle, which covers the metrics that do not read 0
+    when idle (power, clocks, temperature). Then the job is not working and there is no busy
+    reference to fall short of: reading above idle peers (a serving pod taking requests) is no
+    fault signal. Reading below them still is.
+    """
+    with np.errstate(invalid="ignore"):
+        idle = (result.medians <= bucket.floors[None, :]) & bucket.idle_at_zero[None, :]
+        if idle_gpus is not None:
+            idle = idle | idle_gpus[:, None]
+        return idle[:, :, None] & (result.z > 0)
+
+
+GPU_ACTIVITY: tuple[str, ...] = (
+    "gpu_util_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_gr_engine_active_ratio",
+)
+"""What says a GPU works: when a machine's peers read idle on these, its GPUs have no busy
+reference on any metric."""
+
+
+def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
+    """Per machine: its peers' GPUs sit idle (median of a :data:`GPU_ACTIVITY` metric within
+    its floor of 0)."""
+    out = np.zeros(n, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for bucket, result in results:
+            for j, metric in enumerate(bucket.metrics):
+                if metric in GPU_ACTIVITY:
+                    out |= result.medians[:, j] <= bucket.floors[j]
+    return out
+
+
+def lag_tolerant_means(
+    values: np.ndarray, comparisons: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Window means of ``values[time, machine, series]`` (``w + 1`` samples, the oldest only
+    for the lag) judged instant by instant, tolerating one sample of phase offset.
+
+    At coarse sampling a scrape reads gauges at one instant of the training step. While the
+    whole job moves between the step's phases, a machine whose clock or scrape is a moment
+    ahead or behind reads its peers' previous or next sample: that is no fault. Each machine's
+    deviation from its peers' per-instant median (per series, over its comparison's members)
+    is averaged over the window at the lag (-1, 0 or +1 sample) that fits it best, and the
+    window's level is added back, so the result is in units and, at lag 0 with every sample
+    present, equals the window mean. A fault does not fit its peers at any lag: a machine at
+    1/8 of its peers' traffic, or stuck in one phase while they alternate, stays apart.
+
+    Returns the means at lag 0 (the peers' reference and spread) and at each machine's best
+    lag (what it is judged by): the best of three lags is closer to 0 than one lag, so taking
+    the spread from it would narrow the scale and call noise a fault.
+    """
+    t, n, c = values.shape
+    out = np.full((n, c), np.nan)
+    plain = np.full((n, c), np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # series nobody reported stay NaN
+        for targets, members in comparisons:
+            peers = values[:, members, :].transpose(0, 2, 1).reshape(t * c, -1)
+            center = row_nanmedian(peers).reshape(t, 1, c)
+            own = values[:, targets, :]
+            lags = np.stack(
+                [
+                    np.nanmean(own[1:] - center[1:], axis=0),  # in step with its peers
+                    np.nanmean(own[1:] - center[:-1], axis=0),  # a sample behind them
+                    np.nanmean(own[:-1] - center[1:], axis=0),  # a sample ahead of them
+                ]
+            )
+            size = np.where(np.isfinite(lags), np.abs(lags), np.inf)
+            size[1:] *= 1.0 + 1e-9  # ties keep lag 0
+            best = np.take_along_axis(lags, size.argmin(axis=0)[None], axis=0)[0]
+            level = np.nanmean(center[1:, 0, :], axis=0)[None, :]
+            out[targets] = level + best
+            plain[targets] = level + lags[0]
+    return plain, out

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from detectors.config import UNIT_FLOORS, DetectorConfig
+from detectors.config import DetectorConfig, metric_floor
 from detectors.denoisers import Denoiser, MetricScaler, denoiser_class, fill_nearest
 from detectors.engine import MinderDetector
 from detectors.model import DetectorModel
@@ -261,7 +261,7 @@ def train_model(
     skipped: dict[str, str] = {}
     for metric in sorted(sampler.windows):
         windows = sampler.sample(metric)
-        floor = UNIT_FLOORS.get(METRICS[metric].unit if metric in METRICS else "1", 1.0)
+        floor = metric_floor(metric, METRICS[metric].unit if metric in METRICS else "1")
         scaler = MetricScaler.fit(windows, floor)
         fitted = cls(window=cfg.window_s)
         tic = time.perf_counter()

@@ -71,6 +71,10 @@ def detect_command(
     intervals = sorted({int(job.get("interval_s", 1)) for job in run.jobs.values()})
     if intervals:
         out.print(f"Sampling interval followed: {', '.join(f'{i} s' for i in intervals)}.")
+    for finding in run.findings:
+        out.print(
+            f"Job finding: job {escape(str(finding['job']))}: {escape(finding_line(finding))}"
+        )
     for change in run.membership:
         names = ", ".join(change.machines[:6]) + (" …" if len(change.machines) > 6 else "")
         out.print(
@@ -78,6 +82,22 @@ def detect_command(
             f" {escape(names) or '(job-wide)'} at {change.ts:.0f}"
             + (f" — {escape(change.reason)}" if change.reason else "")
         )
+
+
+def finding_line(finding: dict[str, object]) -> str:
+    """One line on a job-level finding (``DetectionRun.findings``)."""
+    if finding.get("finding") == "not_peer_comparable":
+        return (
+            f"machines are not alike on {finding['metric']} (coherence {finding['coherence']}: "
+            f"{finding['outliers']} distinct outliers of {finding['machines']} machines, at "
+            f"most {finding['allowance']} for peers) since {float(str(finding['since_ts'])):.0f};"
+            " no similarity alerts on it"
+        )
+    if finding.get("finding") == "too_few_machines":
+        return (
+            f"{finding['machines']} machine(s): no peers to compare, only the hard-fault rules run"
+        )
+    return str(finding.get("detail", finding.get("finding")))
 
 
 def _input_line(run: DetectionRun) -> str:
