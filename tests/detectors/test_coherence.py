@@ -234,5 +234,5 @@ def test_peer_coherence_ignores_single_evaluation_blips() -> None:
 
 
 def test_peer_coherence_refuses_bad_parameters() -> None:
-    with pytest.raises(ValueError, match="share=1.5"):
+    with pytest.raises(ValueError, match=r"share=1\.5"):
         PeerCoherence(share=1.5, min_outliers=3, horizon_ticks=10)
