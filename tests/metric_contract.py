@@ -29,6 +29,7 @@ SERVICE_METRICS = {
     "minder_job_sampling_interval_seconds",
     "minder_membership_changes_total",
     "minder_job_live_slowdown",
+    "minder_job_peer_coherence",
     "minder_rank_lateness_seconds",
     # a polled metrics source, when configured (minder.service.prometheus_source.SourceMetrics)
     "minder_source_batches_total",

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from minder.core.alert import AlertKind, AlertStatus
 from minder.storage import (
     AlertRecord,
+    JobFinding,
     JobInfo,
     JobStatus,
     MachineScore,
@@ -74,6 +75,9 @@ class JobOut(BaseModel):
     last_seen_ts: float = Field(description="unix seconds, data time")
     machine_count: int
     open_alerts: int = Field(description="open or acknowledged alerts")
+    finding_count: int = Field(
+        0, description="current job-level findings (listed by GET /api/v1/jobs/{job})"
+    )
     updated_at: float = Field(description="unix seconds, wall time")
 
     @classmethod
@@ -85,8 +89,60 @@ class JobOut(BaseModel):
             last_seen_ts=job.last_seen_ts,
             machine_count=job.machine_count,
             open_alerts=job.open_alerts,
+            finding_count=job.finding_count,
             updated_at=job.updated_at,
         )
+
+
+class JobFindingOut(BaseModel):
+    """What detection found about the job as a whole, not about one machine, while it holds."""
+
+    finding: str = Field(
+        description="'not_peer_comparable': the job's machines are not alike on `metric` (a "
+        "serving fleet of mixed load, undeclared mixed roles): no similarity alerts on it while "
+        "this holds; 'too_few_machines': fewer than 4 machines, no peers (only the hard-fault "
+        "rules run)"
+    )
+    metric: str | None = Field(description="the metric it is about; null when about none")
+    coherence: float | None = Field(
+        description="share of the job's machines that stayed with their peers on `metric` over "
+        "the detector's horizon (0-1); null when not measured"
+    )
+    outliers: int | None = Field(
+        description="distinct outlying machines over the horizon (a failure domain's together "
+        "count once)"
+    )
+    allowance: int | None = Field(description="distinct outliers a job of peers may have")
+    machines: int = Field(description="machines in the job when measured")
+    since_ts: float = Field(description="unix seconds, data time: when the finding began")
+    updated_ts: float | None = Field(
+        description="unix seconds, data time: when the service last stored it (its numbers are "
+        "refreshed at most every minute while they move)"
+    )
+    detail: str = Field(description="one line for an operator")
+
+    @classmethod
+    def of(cls, finding: JobFinding) -> JobFindingOut:
+        return cls(
+            finding=finding.finding,
+            metric=finding.metric,
+            coherence=finding.coherence,
+            outliers=finding.outliers,
+            allowance=finding.allowance,
+            machines=finding.machines,
+            since_ts=finding.since_ts,
+            updated_ts=finding.updated_ts,
+            detail=finding.detail,
+        )
+
+
+class JobDetailOut(JobOut):
+    """A training job with its current job-level findings."""
+
+    findings: list[JobFindingOut] = Field(
+        description="current findings about the job as a whole, by finding and metric; a "
+        "finding that ended is not listed"
+    )
 
 
 class MachineOut(BaseModel):

@@ -21,9 +21,11 @@ from prometheus_client import Gauge
 from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
+from minder.core.errors import ValidationError
 from minder.core.records import NodeBatch
 from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter
 from minder.service.telemetry import ServiceMetrics
+from minder.storage.records import JobFinding
 
 __all__ = [
     "AlertSink",
@@ -41,6 +43,14 @@ _OPEN_ALERT_QUERIES = 8
 """New jobs in one ingest call whose open alerts are read one query each; more: one query."""
 _NAMING_KINDS = frozenset({AlertKind.RULE.value, AlertKind.SILENCE.value})
 """Open alerts of these kinds name a machine's fault: a similarity alert on it adds nothing."""
+NOT_PEER_COMPARABLE = "not_peer_comparable"
+"""The finding of a metric on which a job's machines are not peers (docs/detection-method.md)."""
+_LOGGED_BY_DETECTOR = frozenset(
+    {(NOT_PEER_COMPARABLE, True), (NOT_PEER_COMPARABLE, False), ("too_few_machines", True)}
+)
+"""``(finding, began)``: the transitions the default engine (detectors.engine) already logs at
+info level, with the numbers behind them; the service logs these at debug only, and every
+other beginning or end of a job-level finding at info."""
 
 
 class AlertSink(Protocol):
@@ -97,6 +107,13 @@ class JobState:
     rejected_exported: dict[str, int] = field(default_factory=dict)
     """The window's refusals already counted in ``minder_rejected_total``."""
     newest_ts: float = -math.inf
+    findings: dict[tuple[str, str], JobFinding] = field(default_factory=dict)
+    """The detector's current job-level findings, by ``(finding, metric or "")``."""
+    findings_written: tuple[JobFinding, ...] | None = None
+    """The set last handed to the writer (``None``: none yet on this worker)."""
+    findings_written_sec: int = NEVER
+    findings_refused: bool = False
+    """A malformed finding of the detector was logged (once per job)."""
 
 
 class DetectionService:
@@ -120,6 +137,10 @@ class DetectionService:
         with a ``store``: one that writes at once, in the loop (tests, tools).
     idle_job_s
         A job silent this long (wall clock) is dropped from memory.
+    findings_refresh_s
+        A job's findings are handed to the writer when their set changes (one begins or
+        ends); when only their numbers move (coherence, outliers) at most this often (data
+        seconds), so a fleet whose outliers keep rotating is not rewritten every second.
     """
 
     def __init__(
@@ -136,7 +157,10 @@ class DetectionService:
         clock: Callable[[], float] = time.time,
         limits: ServiceLimits | None = None,
         writer: StateWriter | None = None,
+        findings_refresh_s: float = 60.0,
     ) -> None:
+        if not findings_refresh_s >= 0:
+            raise ValueError(f"findings_refresh_s={findings_refresh_s!r}: expected seconds >= 0")
         self.factory = factory
         self.grace_s = grace_s
         self.metrics = metrics or ServiceMetrics()
@@ -146,6 +170,7 @@ class DetectionService:
             writer = StateWriter(store, self.metrics, background=False)
         self.writer = writer
         self.persist_every_s = persist_every_s
+        self.findings_refresh_s = findings_refresh_s
         self.idle_job_s = idle_job_s
         self.max_future_s = max_future_s
         self.clock = clock
@@ -154,6 +179,7 @@ class DetectionService:
         # that left the top.
         self._exported_scores: dict[str, set[tuple[str, ...]]] = {}
         self._exported_lateness: dict[str, set[tuple[str, ...]]] = {}
+        self._exported_coherence: dict[str, set[tuple[str, ...]]] = {}
         self._refused_once: set[str] = set()
         # Alerts the store could not take yet: retried every tick, so none is lost to a
         # passing database outage (the detector raises each fault once).
@@ -400,8 +426,8 @@ class DetectionService:
 
     def _job_state(self, state: JobState) -> None:
         """Log and count the job's membership changes (machines that joined or left: not
-        faults); export how many machines are in it, the interval it is sampled at and its
-        live slowdown."""
+        faults); export how many machines are in it, the interval it is sampled at, its
+        live slowdown and its job-level findings."""
         window = state.window
         for change in window.take_membership():
             self.metrics.membership_changes.labels(change=change.change).inc()
@@ -421,6 +447,65 @@ class DetectionService:
         slowdown = getattr(state.detector, "live_slowdown", None)
         if slowdown is not None:
             self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
+        self._job_findings(state)
+
+    def _job_findings(self, state: JobState) -> None:
+        """Take the detector's current job-level findings: log those that began or ended,
+        export the coherence of each metric that is not peer-comparable
+        (``minder_job_peer_coherence``), and hand the set to the writer when it changed.
+
+        Detectors without ``job_findings`` (the baselines) have none.
+        """
+        found = getattr(state.detector, "job_findings", None)
+        if found is None:
+            return
+        job = state.window.job
+        current: dict[tuple[str, str], JobFinding] = {}
+        for entry in found():
+            try:
+                finding = JobFinding.coerce(entry)
+            except ValidationError as exc:
+                if not state.findings_refused:
+                    state.findings_refused = True
+                    logger.warning("job %s: malformed job finding of the detector dropped (said"
+                                   " once per job): %s", job[:64], exc)  # fmt: skip
+                continue
+            current.setdefault(finding.key, finding)
+        _log_findings(job, state.findings, current)
+        state.findings = current
+        _export_top(
+            self.metrics.job_peer_coherence,
+            job,
+            self._exported_coherence,
+            {
+                (f.metric,): f.coherence
+                for f in current.values()
+                if f.finding == NOT_PEER_COMPARABLE and f.metric and f.coherence is not None
+            },
+        )
+        self._submit_findings(state)
+
+    def _submit_findings(self, state: JobState) -> None:
+        """Hand the job's findings to the writer: at once when the set changed (a finding
+        began or ended, or this worker has written none for the job yet, so rows another
+        worker left are replaced); when only their numbers moved, every
+        ``findings_refresh_s`` data seconds at most."""
+        if self.writer is None:
+            return
+        ordered = tuple(sorted(state.findings.values(), key=lambda f: f.key))
+        written = state.findings_written
+        sec = state.evaluated_sec
+        if written is not None:
+            if ordered == written:
+                return
+            same_set = [(f.key, f.since_ts) for f in ordered] == [
+                (f.key, f.since_ts) for f in written
+            ]
+            if same_set and sec - state.findings_written_sec < self.findings_refresh_s:
+                return
+        state.findings_written = ordered
+        state.findings_written_sec = sec
+        self.writer.submit_findings(state.window.job, float(sec), ordered)
 
     def _load_open_alerts(self, jobs: list[str]) -> None:
         """What the store knows is open for the new ``jobs``: no second alert for those
@@ -588,8 +673,10 @@ class DetectionService:
         self.metrics.forget_job(job)
         _export_top(self.metrics.machine_score, job, self._exported_scores, {})
         _export_top(self.metrics.rank_lateness, job, self._exported_lateness, {})
+        _export_top(self.metrics.job_peer_coherence, job, self._exported_coherence, {})
         self._exported_scores.pop(job, None)
         self._exported_lateness.pop(job, None)
+        self._exported_coherence.pop(job, None)
         self._open_by_machine.pop(job, None)
         self._last_persist.pop(job, None)
         if self.writer is not None:
@@ -611,3 +698,24 @@ def _export_top(
     for labels, value in values.items():
         gauge.labels(job, *labels).set(value)
     exported[job] = set(values)
+
+
+def _log_findings(
+    job: str, before: dict[tuple[str, str], JobFinding], now: dict[tuple[str, str], JobFinding]
+) -> None:
+    """Log each job-level finding once when it begins and once when it ends (a finding whose
+    ``since_ts`` moved ended and began again); at debug level what the detector already said
+    (:data:`_LOGGED_BY_DETECTOR`)."""
+    for key, ended in before.items():
+        still = now.get(key)
+        if still is None or still.since_ts != ended.since_ts:
+            level = logging.DEBUG if (ended.finding, False) in _LOGGED_BY_DETECTOR else logging.INFO
+            logger.log(level, "job %s: %s%s ended (it held since %.0f)", job[:64], ended.finding,
+                       f" on {ended.metric}" if ended.metric else "", ended.since_ts)  # fmt: skip
+    for key, began in now.items():
+        held = before.get(key)
+        if held is None or held.since_ts != began.since_ts:
+            level = logging.DEBUG if (began.finding, True) in _LOGGED_BY_DETECTOR else logging.INFO
+            logger.log(level, "job %s: %s%s since %.0f: %s", job[:64], began.finding,
+                       f" on {began.metric}" if began.metric else "", began.since_ts,
+                       began.detail[:300])  # fmt: skip

@@ -15,7 +15,15 @@ only what changed:
   worker too): the whole job is written, replacing its stored state.
 
 A stored score is therefore within ``score_tolerance`` of the live one (its ``score_ts`` says
-when it was written), and a stored ``last_seen_ts`` within ``last_seen_every_s``. Writes are
+when it was written), and a stored ``last_seen_ts`` within ``last_seen_every_s``.
+
+A job's job-level findings (:class:`~minder.storage.records.JobFinding`: a metric on which its
+machines are not peers, a job too small to have peers) go the same way, through
+:meth:`StateWriter.submit_findings`: the detection loop hands over a job's whole set only when
+it changed (:class:`~minder.service.engine.DetectionService` decides), and the writer replaces
+the stored set. A set that could not be written is tried again with the job's next capture.
+
+Writes are
 timed and counted (``minder_state_writes_total{outcome}``, ``minder_state_write_seconds``,
 ``minder_state_machines_written_total``); a failed write is logged and the next capture of the
 job carries its changes (they are compared with the last write that succeeded). :meth:`close`
@@ -35,6 +43,7 @@ from typing import Protocol
 import numpy as np
 
 from minder.service.telemetry import ServiceMetrics
+from minder.storage.records import JobFinding
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +94,19 @@ class ChangeStateStore(JobStateStore, Protocol):
         is empty), upsert the ``(machine, metric, score, device)`` ``scores`` and delete the
         ``(machine, metric)`` scores ``removed``, as of ``ts``."""
         ...
+
+
+class FindingsStateStore(Protocol):
+    """A store that also keeps each job's current job-level findings."""
+
+    def save_job_findings(self, job: str, findings: Sequence[JobFinding], ts: float) -> None:
+        """Replace the stored findings of ``job`` with ``findings`` (possibly none), as of data
+        time ``ts``."""
+        ...
+
+
+_Findings = tuple[float, tuple[JobFinding, ...]]
+"""A job's findings to write: ``(data time, the whole set)``."""
 
 
 @dataclass(slots=True)
@@ -366,6 +388,10 @@ class StateWriter:
         self.full_after_gap_s = full_after_gap_s
         self.full_every_s = full_every_s
         self._pending: dict[str, JobCapture | None] = {}  # None: forget the job
+        self._pending_findings: dict[str, _Findings] = {}
+        # sets whose write failed: handed back with the job's next capture
+        self._findings_retry: dict[str, _Findings] = {}
+        self._findings_failing: set[str] = set()
         self._written: dict[str, _Written] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -387,23 +413,49 @@ class StateWriter:
         self._thread.start()
 
     def submit(self, capture: JobCapture) -> None:
-        """Hand over ``capture``; a capture of the same job not yet written is replaced."""
+        """Hand over ``capture``; a capture of the same job not yet written is replaced. A
+        findings set of the job whose write failed is handed over again with it."""
         if not self.background:
+            retry = self._findings_retry.pop(capture.job, None)
             self._write(capture)
+            if retry is not None:
+                self._write_findings(capture.job, *retry)
             return
         with self._lock:
             if self._pending.get(capture.job) is not None and self.metrics is not None:
                 self.metrics.state_captures_superseded.inc()
             self._pending[capture.job] = capture
+            retry = self._findings_retry.pop(capture.job, None)
+            if retry is not None:
+                self._pending_findings.setdefault(capture.job, retry)
+        self._wake.set()
+
+    def submit_findings(self, job: str, ts: float, findings: Sequence[JobFinding]) -> None:
+        """Hand over ``job``'s whole set of current findings (as of data time ``ts``) to replace
+        the stored one; a set of the same job not yet written is replaced. Nothing is written
+        when the store keeps no findings."""
+        if getattr(self.store, "save_job_findings", None) is None:
+            return
+        entry = (float(ts), tuple(findings))
+        if not self.background:
+            self._findings_retry.pop(job, None)
+            self._write_findings(job, *entry)
+            return
+        with self._lock:
+            self._findings_retry.pop(job, None)
+            self._pending_findings[job] = entry
         self._wake.set()
 
     def forget(self, job: str) -> None:
         """``job`` left this worker: drop what is pending and what was written of it."""
         if not self.background:
             self._written.pop(job, None)
+            self._findings_retry.pop(job, None)
             return
         with self._lock:
             self._pending[job] = None
+            self._pending_findings.pop(job, None)
+            self._findings_retry.pop(job, None)
         self._wake.set()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -413,7 +465,7 @@ class StateWriter:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending or self._busy:
+            while self._pending or self._pending_findings or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
@@ -427,6 +479,7 @@ class StateWriter:
         if not self.flush(timeout_s):
             with self._lock:
                 left = [job for job, c in self._pending.items() if c is not None]
+                left += [job for job in self._pending_findings if job not in left]
             logger.error("job state of %d job(s) not written at shutdown: %s", len(left),
                          ", ".join(job[:64] for job in left[:8]))  # fmt: skip
         self._stop.set()
@@ -441,7 +494,8 @@ class StateWriter:
             self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, {}
-                self._busy = bool(pending)
+                findings, self._pending_findings = self._pending_findings, {}
+                self._busy = bool(pending or findings)
             try:
                 for job, capture in pending.items():
                     if capture is None:
@@ -453,6 +507,9 @@ class StateWriter:
                         self.failures += 1
                         self._written.pop(job, None)  # its next capture is written whole
                         logger.exception("state writer failed on job %s", job[:64])
+                # after the captures: a job's first findings follow its machines
+                for job, (ts, found) in findings.items():
+                    self._write_findings(job, ts, found)
             finally:
                 with self._idle:
                     self._busy = False
@@ -536,6 +593,35 @@ class StateWriter:
             changes.top_arg[idx],
             changes.top_dev[idx],
         )
+
+    def _write_findings(self, job: str, ts: float, findings: tuple[JobFinding, ...]) -> None:
+        """Replace ``job``'s stored findings; on failure keep them for the job's next capture
+        (unless a newer set is pending by then)."""
+        save = getattr(self.store, "save_job_findings", None)
+        if save is None:
+            return
+        began = time.perf_counter()
+        try:
+            save(job, findings, ts)
+        except Exception as exc:
+            self.failures += 1
+            self._count("error", time.perf_counter() - began, 0)
+            with self._lock:
+                if job not in self._pending_findings:
+                    self._findings_retry[job] = (ts, findings)
+            if job not in self._findings_failing:
+                self._findings_failing.add(job)
+                logger.exception("could not save the findings of job %s", job[:64])
+            else:
+                logger.warning(
+                    "could not save the findings of job %s: %s", job[:64], str(exc)[:200]
+                )
+            return
+        if job in self._findings_failing:
+            self._findings_failing.discard(job)
+            logger.info("findings of job %s saved again", job[:64])
+        self.writes += 1
+        self._count("ok", time.perf_counter() - began, 0)
 
     def _count(self, outcome: str, seconds: float, machines: int) -> None:
         metrics = self.metrics

@@ -10,13 +10,14 @@ from minder.service.persistence import JobSnapshot, MachineSnapshot
 from minder.storage.alerts import count_active_alerts_by_machine
 from minder.storage.engine import SessionFactory, read_only
 from minder.storage.jobs import (
+    save_job_findings,
     save_scores,
     set_top_scores,
     upsert_job_machines,
     upsert_scores,
 )
 from minder.storage.outbox import Destination, record_alert_with_events
-from minder.storage.records import MachineInfo, ScoreRow
+from minder.storage.records import JobFinding, MachineInfo, ScoreRow
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,11 @@ class SqlStateStore:
                 upsert_scores(session, job, scores, ts, removed=removed)
             if tops:
                 set_top_scores(session, job, tops, ts)
+
+    def save_job_findings(self, job: str, findings: Sequence[JobFinding], ts: float) -> None:
+        """Replace the job's current job-level findings (none: clear them), as of ``ts``."""
+        with self.sessions.begin() as session:
+            save_job_findings(session, job, findings, ts)
 
 
 def _infos(machines: Iterable[MachineSnapshot]) -> list[MachineInfo]:

@@ -174,6 +174,14 @@ class ServiceMetrics:
             [JOB_LABEL, "machine", "device"],
             registry=r,
         )
+        self.job_peer_coherence = Gauge(
+            "minder_job_peer_coherence",
+            "Share of the job's machines that stayed with their peers on the metric over the "
+            "detector's horizon; exported only while the metric is not peer-comparable (the "
+            "machines are not alike on it: no similarity alerts on it)",
+            [JOB_LABEL, "metric"],
+            registry=r,
+        )
         self.job_interval = Gauge(
             "minder_job_sampling_interval_seconds",
             "Sampling interval the job's detection follows (learnt from its data)",

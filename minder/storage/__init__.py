@@ -32,10 +32,13 @@ from minder.storage.alerts import (
 from minder.storage.engine import SessionFactory, create_engine_for, normalise_url, session_factory
 from minder.storage.health import database_status
 from minder.storage.jobs import (
+    count_job_findings,
     current_scores,
     get_job,
+    list_job_findings,
     list_jobs,
     list_machines,
+    save_job_findings,
     save_scores,
     set_job_status,
     upsert_job_machines,
@@ -50,6 +53,7 @@ from minder.storage.migrate import (
 )
 from minder.storage.records import (
     AlertRecord,
+    JobFinding,
     JobInfo,
     JobStatus,
     MachineInfo,
@@ -75,6 +79,7 @@ __all__ = [
     "ACTIVE_STATUSES",
     "MAX_PAGE",
     "AlertRecord",
+    "JobFinding",
     "JobInfo",
     "JobStatus",
     "MachineInfo",
@@ -92,6 +97,7 @@ __all__ = [
     "allowed_transitions",
     "count_active_alerts",
     "count_active_alerts_by_machine",
+    "count_job_findings",
     "create_engine_for",
     "create_report",
     "current_revisions",
@@ -106,6 +112,7 @@ __all__ = [
     "head_revisions",
     "list_alert_records",
     "list_alerts",
+    "list_job_findings",
     "list_jobs",
     "list_machines",
     "list_reports",
@@ -116,6 +123,7 @@ __all__ = [
     "parse_status",
     "parse_whatif_status",
     "record_alert",
+    "save_job_findings",
     "save_layout",
     "save_scores",
     "schema_is_current",

@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session
 
 from minder.core.errors import NotFoundError, ValidationError
 from minder.storage.alerts import count_active_alerts
-from minder.storage.models import JobRow, MachineRow, MachineScoreRow
+from minder.storage.models import JobFindingRow, JobRow, MachineRow, MachineScoreRow
 from minder.storage.records import (
+    JobFinding,
     JobInfo,
     JobStatus,
     MachineInfo,
@@ -34,6 +35,7 @@ from minder.storage.records import (
 _JOBS = cast(Table, JobRow.__table__)
 _MACHINES = cast(Table, MachineRow.__table__)
 _SCORES = cast(Table, MachineScoreRow.__table__)
+_FINDINGS = cast(Table, JobFindingRow.__table__)
 
 NAME_MAX_LEN = 255
 """Longest job or machine name the tables hold."""
@@ -447,7 +449,7 @@ def _upsert_tops(session: Session, job: str, top: dict[str, _Score], ts: float) 
         _recount_machines(session, job)
 
 
-def _job_info(row: JobRow, open_alerts: int) -> JobInfo:
+def _job_info(row: JobRow, open_alerts: int, finding_count: int = 0) -> JobInfo:
     return JobInfo(
         id=row.id,
         first_seen_ts=row.first_seen_ts,
@@ -456,6 +458,7 @@ def _job_info(row: JobRow, open_alerts: int) -> JobInfo:
         status=JobStatus(row.status),
         updated_at=row.updated_at,
         open_alerts=open_alerts,
+        finding_count=finding_count,
     )
 
 
@@ -468,13 +471,15 @@ def _parse_job_status(value: JobStatus | str) -> JobStatus:
 
 
 def list_jobs(session: Session, status: JobStatus | str | None = None) -> list[JobInfo]:
-    """Every job (in ``status``), most recently seen first, with its open-alert count."""
+    """Every job (in ``status``), most recently seen first, with its open-alert and current
+    finding counts."""
     query = select(JobRow).execution_options(populate_existing=True)
     if status is not None:
         query = query.where(JobRow.status == _parse_job_status(status).value)
     jobs = list(session.scalars(query.order_by(JobRow.last_seen_ts.desc(), JobRow.id)))
     counts = count_active_alerts(session, [job.id for job in jobs]) if jobs else {}
-    return [_job_info(job, counts.get(job.id, 0)) for job in jobs]
+    findings = count_job_findings(session) if jobs else {}
+    return [_job_info(job, counts.get(job.id, 0), findings.get(job.id, 0)) for job in jobs]
 
 
 def _job_row(session: Session, job: str) -> JobRow:
@@ -488,7 +493,11 @@ def _job_row(session: Session, job: str) -> JobRow:
 def get_job(session: Session, job: str) -> JobInfo:
     """The job ``job``; :class:`NotFoundError` naming it if unknown."""
     row = _job_row(session, job)
-    return _job_info(row, count_active_alerts(session, [job]).get(job, 0))
+    return _job_info(
+        row,
+        count_active_alerts(session, [job]).get(job, 0),
+        count_job_findings(session, job).get(job, 0),
+    )
 
 
 def set_job_status(session: Session, job: str, status: JobStatus | str) -> JobInfo:
@@ -547,3 +556,88 @@ def current_scores(session: Session, job: str) -> list[MachineScore]:
         )
         for row in session.scalars(query)
     ]
+
+
+def save_job_findings(
+    session: Session,
+    job: str,
+    findings: Iterable[JobFinding | Mapping[str, Any]],
+    ts: float,
+) -> int:
+    """Replace the current job-level findings of ``job`` with ``findings``, as of data time
+    ``ts`` (their ``updated_ts``); an empty ``findings`` clears them. A finding given twice
+    (same name and metric) counts once: the last one wins. The job is registered if unknown
+    (its seen times widen to include ``ts``, like any write of the service).
+
+    Returns
+    -------
+    int
+        The number of findings stored.
+
+    Raises
+    ------
+    ValidationError
+        For a bad job name or a malformed finding (nothing is changed then).
+    """
+    check_name(job, "job")
+    if not math.isfinite(ts):
+        raise ValidationError(f"findings of job {job!r} at ts {ts!r}: expected a finite time")
+    by_key = {f.key: f for f in (JobFinding.coerce(entry) for entry in findings)}
+    ts = float(ts)
+    _touch_job(session, job, ts, time.time())
+    session.execute(delete(_FINDINGS).where(_FINDINGS.c.job == job))
+    if by_key:
+        session.execute(
+            _FINDINGS.insert(),
+            [
+                {
+                    "job": job,
+                    "finding": f.finding,
+                    "metric": f.metric or "",
+                    "coherence": f.coherence,
+                    "outliers": f.outliers,
+                    "allowance": f.allowance,
+                    "machines": f.machines,
+                    "since_ts": f.since_ts,
+                    "updated_ts": ts,
+                    "detail": f.detail,
+                }
+                for f in by_key.values()
+            ],
+        )
+    session.flush()
+    return len(by_key)
+
+
+def list_job_findings(session: Session, job: str) -> list[JobFinding]:
+    """The current job-level findings of ``job`` by finding and metric (a finding about no
+    one metric has ``metric`` ``None``); :class:`NotFoundError` if the job is unknown."""
+    _job_row(session, job)
+    query = (
+        select(JobFindingRow)
+        .where(JobFindingRow.job == job)
+        .order_by(JobFindingRow.finding, JobFindingRow.metric)
+        .execution_options(populate_existing=True)
+    )
+    return [
+        JobFinding(
+            finding=row.finding,
+            metric=row.metric or None,
+            machines=row.machines,
+            since_ts=row.since_ts,
+            detail=row.detail,
+            coherence=row.coherence,
+            outliers=row.outliers,
+            allowance=row.allowance,
+            updated_ts=row.updated_ts,
+        )
+        for row in session.scalars(query)
+    ]
+
+
+def count_job_findings(session: Session, job: str | None = None) -> dict[str, int]:
+    """Current job-level findings per job (of ``job``, or of every job that has any)."""
+    query = select(_FINDINGS.c.job, func.count()).group_by(_FINDINGS.c.job)
+    if job is not None:
+        query = query.where(_FINDINGS.c.job == job)
+    return {name: int(count) for name, count in session.execute(query)}

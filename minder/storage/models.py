@@ -86,6 +86,28 @@ class MachineScoreRow(Base):
     ts: Mapped[float] = mapped_column(Double)
 
 
+class JobFindingRow(Base):
+    """A current job-level finding (``detectors.base.CompositeDetector.job_findings``): what
+    the detectors found about the job as a whole. The service replaces a job's rows when its
+    set of findings changes; a finding that ended has no row."""
+
+    __tablename__ = "job_findings"
+
+    job: Mapped[str] = mapped_column(
+        String(255), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    finding: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # '' when the finding is about no one metric (too_few_machines): part of the key
+    metric: Mapped[str] = mapped_column(String(128), primary_key=True)
+    coherence: Mapped[float | None] = mapped_column(Double, nullable=True)
+    outliers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    allowance: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    machines: Mapped[int] = mapped_column(Integer)
+    since_ts: Mapped[float] = mapped_column(Double)
+    updated_ts: Mapped[float] = mapped_column(Double)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
 class AlertRow(Base):
     """One alert, deduplicated by id and by open key (see ``minder.storage.alerts``)."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -44,7 +46,8 @@ class AlertRecord:
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:
-    """A job as stored, with the number of its open (or acknowledged) alerts."""
+    """A job as stored, with the number of its open (or acknowledged) alerts and of its current
+    job-level findings (:class:`JobFinding`)."""
 
     id: str
     first_seen_ts: float
@@ -53,6 +56,7 @@ class JobInfo:
     status: JobStatus
     updated_at: float
     open_alerts: int = 0
+    finding_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +176,130 @@ class MachineScore:
     score: float
     device: str
     ts: float
+
+
+FINDING_MAX_LEN = 64
+"""Longest finding name the ``job_findings`` table holds."""
+METRIC_MAX_LEN = 128
+"""Longest metric name the tables hold."""
+DETAIL_MAX_LEN = 2_000
+"""A finding's ``detail`` is cut to this many characters (it is prose for an operator)."""
+
+_FINDING_FIELDS = frozenset(
+    {"finding", "metric", "coherence", "outliers", "allowance", "machines", "since_ts", "detail"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinding:
+    """What a detector found about a job as a whole, not about one machine.
+
+    ``not_peer_comparable``: the job's machines are not alike on ``metric`` (no similarity
+    alerts on it while it holds; ``coherence`` is the share of machines that stayed with their
+    peers, ``outliers`` the distinct outlying machines over the detector's horizon and
+    ``allowance`` how many a job of peers may have); ``too_few_machines``: fewer than four
+    machines, no peers (``metric`` is ``None``). ``since_ts``: data time the finding began;
+    ``updated_ts``: data time it was last written (set by the store, ``None`` before).
+    """
+
+    finding: str
+    metric: str | None
+    machines: int
+    since_ts: float
+    detail: str = ""
+    coherence: float | None = None
+    outliers: int | None = None
+    allowance: int | None = None
+    updated_ts: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies the finding within its job: ``(finding, metric or "")``."""
+        return (self.finding, self.metric or "")
+
+    @classmethod
+    def coerce(cls, value: JobFinding | Mapping[str, Any]) -> JobFinding:
+        """Accept a :class:`JobFinding` or a detector's finding dict (the keys of
+        ``detectors.base.CompositeDetector.job_findings``), checked: a non-empty ``finding``,
+        counts that are whole numbers >= 0, a coherence in [0, 1], a finite ``since_ts``."""
+        if isinstance(value, JobFinding):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValidationError(
+                f"job finding must be a JobFinding or a mapping, got {type(value).__name__}"
+            )
+        unknown = set(value) - _FINDING_FIELDS
+        if unknown:
+            raise ValidationError(
+                f"job finding has unknown fields {sorted(unknown)}: allowed "
+                f"{', '.join(sorted(_FINDING_FIELDS))}"
+            )
+        name = value.get("finding")
+        if not isinstance(name, str) or not name or len(name) > FINDING_MAX_LEN:
+            raise ValidationError(
+                f"job finding name {name!r}: expected a non-empty string of at most "
+                f"{FINDING_MAX_LEN} characters"
+            )
+        metric = value.get("metric")
+        if metric == "":
+            metric = None
+        if metric is not None and (not isinstance(metric, str) or len(metric) > METRIC_MAX_LEN):
+            raise ValidationError(
+                f"job finding {name!r} has metric {metric!r}: expected None or a string of at "
+                f"most {METRIC_MAX_LEN} characters"
+            )
+        detail = value.get("detail") or ""
+        if not isinstance(detail, str):
+            raise ValidationError(f"job finding {name!r} has detail {detail!r}: expected a string")
+        if len(detail) > DETAIL_MAX_LEN:
+            detail = detail[: DETAIL_MAX_LEN - 1] + "…"
+        coherence = _number(name, "coherence", value.get("coherence"), optional=True)
+        if coherence is not None and not 0.0 <= coherence <= 1.0:
+            raise ValidationError(
+                f"job finding {name!r} has coherence {coherence!r}: expected a share in [0, 1]"
+            )
+        since = _number(name, "since_ts", value.get("since_ts"), optional=False)
+        assert since is not None
+        machines = _count(name, "machines", value.get("machines"), optional=False)
+        assert machines is not None
+        return cls(
+            finding=name,
+            metric=metric,
+            machines=machines,
+            since_ts=since,
+            detail=detail,
+            coherence=coherence,
+            outliers=_count(name, "outliers", value.get("outliers"), optional=True),
+            allowance=_count(name, "allowance", value.get("allowance"), optional=True),
+        )
+
+
+def _number(finding: str, field: str, value: Any, *, optional: bool) -> float | None:
+    """``value`` as a finite float (``None`` kept when ``optional``), else ValidationError."""
+    if value is None and optional:
+        return None
+    # numbers only (numpy's too): a numeric string is a producer's bug, not a time or share
+    number = float(value) if isinstance(value, numbers.Real) else math.nan
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ValidationError(
+            f"job finding {finding!r} has {field} {value!r}: expected a finite number"
+        )
+    return number
+
+
+def _count(finding: str, field: str, value: Any, *, optional: bool) -> int | None:
+    """``value`` as an int >= 0 (``None`` kept when ``optional``; numpy ints accepted)."""
+    if value is None and optional:
+        return None
+    try:
+        count = operator.index(value)
+    except TypeError:
+        count = -1
+    if isinstance(value, bool) or count < 0:
+        raise ValidationError(
+            f"job finding {finding!r} has {field} {value!r}: expected a whole number >= 0"
+        )
+    return count
 
 
 def parse_status(value: AlertStatus | str) -> AlertStatus:

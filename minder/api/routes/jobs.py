@@ -9,6 +9,8 @@ from fastapi import APIRouter
 
 from minder.api.deps import DbSession
 from minder.api.schemas import (
+    JobDetailOut,
+    JobFindingOut,
     JobOut,
     JobScoresOut,
     MachineOut,
@@ -21,6 +23,7 @@ from minder.storage import (
     MachineScore,
     current_scores,
     get_job,
+    list_job_findings,
     list_jobs,
     list_machines,
 )
@@ -38,10 +41,14 @@ def jobs(session: DbSession, status: JobStatus | None = None) -> list[JobOut]:
     return [JobOut.of(job) for job in list_jobs(session, status=status)]
 
 
-@router.get("/{job}", response_model=JobOut, responses=_NOT_FOUND, summary="Get a job")
-def job(job: str, session: DbSession) -> JobOut:
-    """One job with its machine count and open-alert count."""
-    return JobOut.of(get_job(session, job))
+@router.get("/{job}", response_model=JobDetailOut, responses=_NOT_FOUND, summary="Get a job")
+def job(job: str, session: DbSession) -> JobDetailOut:
+    """One job with its machine count, open-alert count and current job-level findings (a
+    metric on which its machines are not peers, a job too small to have peers)."""
+    info = JobOut.of(get_job(session, job)).model_dump()
+    findings = [JobFindingOut.of(finding) for finding in list_job_findings(session, job)]
+    info["finding_count"] = len(findings)  # the list read, should a write fall in between
+    return JobDetailOut(**info, findings=findings)
 
 
 @router.get(

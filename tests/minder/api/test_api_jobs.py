@@ -10,6 +10,7 @@ from minder.storage import (
     ScoreRow,
     SessionFactory,
     record_alert,
+    save_job_findings,
     save_scores,
     set_job_status,
     upsert_job_machines,
@@ -122,3 +123,53 @@ def test_unknown_job_is_404_naming_it(client: TestClient) -> None:
         response = client.get(path)
         assert response.status_code == 404, path
         assert response.json() == {"detail": "no job 'ghost'"}
+
+
+def test_a_job_lists_its_current_findings_and_the_list_counts_them(
+    client: TestClient, sessions: SessionFactory
+) -> None:
+    seed(sessions)
+    not_peers = {
+        "finding": "not_peer_comparable",
+        "metric": "gpu_util_ratio",
+        "coherence": 0.62,
+        "outliers": 55,
+        "allowance": 8,
+        "machines": 144,
+        "since_ts": 95.0,
+        "detail": "55 distinct machines were outliers on gpu_util_ratio",
+    }
+    too_few = {"finding": "too_few_machines", "metric": None, "machines": 3, "since_ts": 90.0,
+               "detail": "fewer than 4 machines"}  # fmt: skip
+    with sessions.begin() as session:
+        save_job_findings(session, "j1", [too_few, not_peers], 102.0)
+    job = client.get("/api/v1/jobs/j1").json()
+    assert job["finding_count"] == 2
+    assert job["findings"] == [
+        {**not_peers, "updated_ts": 102.0},
+        {**too_few, "coherence": None, "outliers": None, "allowance": None, "updated_ts": 102.0},
+    ]
+    counts = {j["id"]: j["finding_count"] for j in client.get("/api/v1/jobs").json()}
+    assert counts == {"j1": 2, "j0": 0}
+    assert "findings" not in client.get("/api/v1/jobs").json()[0]  # the list only counts
+    assert client.get("/api/v1/jobs/j0").json()["findings"] == []
+
+    with sessions.begin() as session:  # the finding ended: the service writes the new set
+        save_job_findings(session, "j1", [too_few], 103.0)
+    job = client.get("/api/v1/jobs/j1").json()
+    assert [f["finding"] for f in job["findings"]] == ["too_few_machines"]
+    assert job["finding_count"] == 1
+
+
+def test_the_openapi_document_describes_a_jobs_findings(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    get_job = doc["paths"]["/api/v1/jobs/{job}"]["get"]
+    ref = get_job["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    detail = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"findings", "finding_count", "machine_count"} <= set(detail["properties"])
+    finding = doc["components"]["schemas"]["JobFindingOut"]
+    assert set(finding["properties"]) == {
+        "finding", "metric", "coherence", "outliers", "allowance", "machines", "since_ts",
+        "updated_ts", "detail",
+    }  # fmt: skip
+    assert "finding_count" in doc["components"]["schemas"]["JobOut"]["properties"]

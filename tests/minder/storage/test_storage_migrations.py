@@ -7,20 +7,25 @@ import threading
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, delete, func, inspect, select
 
 from minder.core.alert import Alert, AlertKind
 from minder.storage import (
+    MachineInfo,
     current_revisions,
     database_status,
+    get_job,
     head_revisions,
     list_alerts,
+    list_job_findings,
     load_layout,
     record_alert,
+    save_job_findings,
     save_layout,
     schema_is_current,
     session_factory,
     upgrade_database,
+    upsert_job_machines,
 )
 from minder.storage.migrate import alembic_config
 from minder.storage.models import Base
@@ -37,10 +42,12 @@ TABLES = {
     "breakers",
     "job_settings",
     "wire_layouts",
+    "job_findings",
 }
-HEAD = frozenset({"0004"})
+HEAD = frozenset({"0005"})
 NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
 NEW_IN_0004 = {"wire_layouts"}
+NEW_IN_0005 = {"job_findings"}
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -150,8 +157,8 @@ def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
         command.downgrade(config, "0001")
     assert current_revisions(empty_engine) == frozenset({"0001"})
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004}
-    assert TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004} <= tables
+    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005}
+    assert TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005} <= tables
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
 
@@ -170,7 +177,7 @@ def test_outbox_migration_downgrades_to_0002_keeping_alerts(empty_engine: Engine
         config.attributes["connection"] = connection
         command.downgrade(config, "0002")
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & (NEW_IN_0003 | NEW_IN_0004) and "whatif_reports" in tables
+    assert not tables & (NEW_IN_0003 | NEW_IN_0004 | NEW_IN_0005) and "whatif_reports" in tables
     upgrade_database(empty_engine)
     assert set(inspect(empty_engine).get_table_names()) >= NEW_IN_0003
     with sessions() as session:
@@ -194,3 +201,37 @@ def test_wire_layouts_migration_downgrades_to_0003_and_upgrades_again(empty_engi
     upgrade_database(empty_engine)
     with sessions() as session:
         assert load_layout(session, 2**64 - 1) is None  # the layouts went with the table
+
+
+def test_job_findings_migration_upgrades_from_0004_keeping_jobs_and_downgrades(
+    empty_engine: Engine,
+) -> None:
+    """A database of 0004 gains ``job_findings`` (its jobs kept, with no findings); the rows
+    go with their job (ON DELETE CASCADE) and with the table on a downgrade."""
+    upgrade_database(empty_engine, "0004")
+    assert "job_findings" not in inspect(empty_engine).get_table_names()
+    sessions = session_factory(empty_engine)
+    with sessions.begin() as session:
+        upsert_job_machines(session, "j", [MachineInfo("n1")], 10.0)
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    finding = {"finding": "too_few_machines", "metric": None, "machines": 1, "since_ts": 10.0}
+    with sessions.begin() as session:
+        assert get_job(session, "j").finding_count == 0
+        save_job_findings(session, "j", [finding], 11.0)
+    with sessions() as session:
+        assert [f.finding for f in list_job_findings(session, "j")] == ["too_few_machines"]
+    with empty_engine.begin() as connection:
+        foreign = inspect(connection).get_foreign_keys("job_findings")
+        assert [(fk["referred_table"], fk["options"].get("ondelete")) for fk in foreign] == [
+            ("jobs", "CASCADE")
+        ]
+        connection.execute(delete(Base.metadata.tables["jobs"]))
+        assert connection.execute(select(func.count()).select_from(
+            Base.metadata.tables["job_findings"])).scalar_one() == 0  # fmt: skip
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0004")
+    tables = set(inspect(empty_engine).get_table_names())
+    assert "job_findings" not in tables and "wire_layouts" in tables
