@@ -230,26 +230,32 @@ class _Replay:
             self.alerts.extend(self.detector.evaluate(self.window, now))
             if self.window.membership:
                 self.membership.extend(self.window.take_membership())
-            self._note_findings()
+            self._note_findings(now)
             if self.on_second is not None:
                 self.on_second(self.job, now, self.window, self.detector)
         if self.progress is not None and (self.evaluated % 60 == 0 or following is None):
             self.progress(self.job, min(self.total, stop - self.first_sec), self.total)
         self.evaluated += 1
 
-    def _note_findings(self) -> None:
+    def _note_findings(self, now: int) -> None:
         """Keep each job-level finding once, from when it was first made, with its latest
-        measure (a metric that is not peer-comparable for a while is reported once)."""
+        measure; one that stopped holding gets ``until_ts`` (a metric that is not
+        peer-comparable for a while is reported once, with when it ended)."""
         found = getattr(self.detector, "job_findings", None)
         if found is None:
             return
+        current = set()
         for finding in found():
             key = (str(finding["finding"]), finding.get("metric"))
+            current.add(key)
             first = self.findings.get(key)
             entry = {"job": self.job, **finding}
             if first is not None:
                 entry["since_ts"] = first["since_ts"]
             self.findings[key] = entry
+        for key, entry in self.findings.items():
+            if key not in current and "until_ts" not in entry:
+                entry["until_ts"] = float(now)
 
     def job_findings(self) -> list[dict[str, Any]]:
         """Job-level findings of the replay, in the order first made."""

@@ -90,8 +90,9 @@ def finding_line(finding: dict[str, object]) -> str:
         return (
             f"machines are not alike on {finding['metric']} (coherence {finding['coherence']}: "
             f"{finding['outliers']} distinct outliers of {finding['machines']} machines, at "
-            f"most {finding['allowance']} for peers) since {float(str(finding['since_ts'])):.0f};"
-            " no similarity alerts on it"
+            f"most {finding['allowance']} for peers) from {float(str(finding['since_ts'])):.0f}"
+            + (f" to {float(str(finding['until_ts'])):.0f}" if "until_ts" in finding else "")
+            + "; no similarity alerts on it meanwhile"
         )
     if finding.get("finding") == "too_few_machines":
         return (

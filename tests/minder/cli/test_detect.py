@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -109,3 +110,39 @@ def test_a_scale_down_is_reported_as_membership_not_alerts(tmp_path: Path) -> No
     assert data["summary"]["jobs"]["s"]["interval_s"] == 1.0
     text = runner.invoke(app, ["detect", str(path)])
     assert "Membership (not a fault): job s left together" in text.stdout
+
+
+def _mixed_fleet(tmp_path: Path) -> Path:
+    """Power of 40 machines over 40 minutes at one sample a minute: a fifth of them do another
+    job (undeclared), the rest are alike; the last third, all alike again."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for t in range(40):
+        for m in range(40):
+            other = m % 5 == 0 and t < 27
+            for g in range(2):
+                rows.append(
+                    {
+                        "ts": 1_700_000_000 + 60 * t,
+                        "job": "fleet",
+                        "machine": f"p{m:02d}",
+                        "metric": "gpu_power_watts",
+                        "device": f"gpu{g}",
+                        "value": (250.0 if other else 650.0) + rng.normal(0, 8),
+                    }
+                )
+    return write_table(pd.DataFrame(rows), tmp_path / "fleet.parquet")
+
+
+def test_detect_reports_a_metric_on_which_machines_are_not_peers(tmp_path: Path) -> None:
+    path = _mixed_fleet(tmp_path)
+    found = _detect(path)
+    assert found["alerts"] == []
+    (finding,) = found["summary"]["findings"]
+    assert finding["job"] == "fleet" and finding["finding"] == "not_peer_comparable"
+    assert finding["metric"] == "gpu_power_watts"
+    assert finding["outliers"] == 8 and 0.7 < finding["coherence"] < 0.85
+    table = runner.invoke(app, ["detect", str(path)])
+    assert table.exit_code == 0, table.output
+    assert "machines are not alike on gpu_power_watts" in table.stdout
+    assert table.stdout.count("Job finding") == 1
