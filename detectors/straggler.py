@@ -20,7 +20,11 @@ moment, and a rank slow for the whole job stays slow against it. A rank is a str
 - persistent: its busy time is at least ``1 + persistent_excess`` of the reference on average
   over its last ``persistent_steps`` steps (and most of those steps agree), or
 - transient: at least ``transient_factor`` of the reference for ``transient_steps`` steps in a
-  row.
+  row, or
+- intermittent: the excess it accumulates over ``intermittent_allowance`` reaches
+  ``intermittent_threshold``: a one-sided CUSUM of its log ratio to the reference, which names a
+  worker that loses the job a lot of time in bursts although single steps dip back to normal
+  (the transient run breaks at every dip, and the persistent agreement is not there).
 
 Several ranks can be stragglers at once. Groups are compared with each other as well: a stage
 that becomes slower than the others is one ``stage`` alert, not one per rank; a stage that was
@@ -29,7 +33,8 @@ live slowdown, not as an alert. Everyone slow together is no straggler (``job-wi
 
 Each alert carries its cost: the job's live slowdown S (observed step time over the step time
 with that worker at the reference), the share of the job's slowdown that worker explains (a live
-M_W) and the GPU-hours it costs per hour.
+M_W) and the GPU-hours it costs per hour; an intermittent straggler's over the steps its excess
+accumulated over (its latest step may be a dip back to normal).
 
 Where all ranks meet, the detector also derives each rank's *lateness* in a synchronous job
 (``train_lateness_seconds``): how long its peers waited for it per step, its peer group's median
@@ -85,6 +90,45 @@ class StragglerConfig:
         excess: one very slow step does not make a slow rank.
     transient_factor, transient_steps
         A transient straggler is this many times slower (1.5) for this many steps in a row (10).
+    intermittent_allowance, intermittent_threshold, intermittent_clip
+        The intermittent rule: per rank, ``S = max(0, S + n * (r - k))`` over its new
+        observations, ``r = log(signal / reference)`` clipped to ``±log(intermittent_clip)``,
+        ``n`` the steps the observation covers, ``k = log(1 + intermittent_allowance)``; a
+        straggler when ``S >= intermittent_threshold`` (``h``) with at least
+        ``MIN_OBSERVATIONS`` observations above ``k`` and ``transient_steps`` steps in the
+        accumulation (see :func:`accumulate_excess`). ``S`` is reset when it signals.
+
+        *Ordinary jitter* (the noise model these are calibrated on): a rank's log step (busy)
+        time around its reference varies by up to 5 % (standard deviation) from step to step,
+        with heavy tails (Student-t, 3 degrees of freedom: at 5 %, a step 1.25x the reference
+        about once in 450, 1.5x once in 2,600), plus single-step hiccups (a collection pause, a
+        slow batch) of 1.2-2.5x on up to 1 % of a rank's steps.
+
+        ``k = log 1.15`` sits above the persistent rule's territory on purpose. A steady rank
+        5-15 % slower is the persistent rule's (50 steps, 70 % of them agreeing), and below
+        5 % the job's normal spread dominates; an allowance there would make the sum drift
+        upwards on ordinary ranks (``k`` about one jitter standard deviation), so it would need
+        a far larger ``h`` to stay quiet and would be slower on bursts, which is what it is
+        for. At 15 % a rank 6-8 % slower drifts down by about 0.07 a step: the persistent rule
+        names it, once; a steady rank more than 15 % slower is named by this rule too,
+        after ``h / (log ratio - k)`` steps (about 18 at 1.25x), sooner than the persistent
+        window, with its excess in the evidence.
+
+        ``h = 1.5`` (a sum of log ratios over steps): the in-control average run length of the
+        sum (the recursion alone, without the count and span guards, which only lengthen it),
+        computed by the Markov-chain method under the noise model, is about 2 * 10^11 rank-steps
+        per false alarm at 5 % jitter, 2 * 10^6 with hiccups on 1 % of the steps, and still
+        4 * 10^7 at 12 % jitter without hiccups (``tests/detectors/test_straggler_intermittent.py``
+        computes it); the transient and persistent rules are practically never met by
+        that noise either. A bursty rank averaging 1.5x over 14 steps with single steps back at
+        1.0-1.3x accumulates about 2.2 by its 10th step and 3.1 by its 14th; one averaging 1.4x
+        over 12 steps with a quarter of them back at 1.0x, about 2.1. A single burst is named
+        when it loses about as much time as the transient rule's smallest case (10 steps at
+        1.5x accumulate 2.65): 5 steps at 2x are (2.8, 2.1 by the 10th step), 4 are not.
+
+        ``intermittent_clip = 2``: a step counts at most as twice (or half) the reference, so
+        one stall (up to ``max_factor``; beyond, skipped) adds no more than a 2x step: ``h`` is
+        at least 2.7 such steps, and the count guard needs three steps above ``k`` anyway.
     stage_excess
         A stage (``group``) whose median is this much slower than the others' (after it was
         not) is a stage straggler.
@@ -108,6 +152,9 @@ class StragglerConfig:
     persistent_share: float = 0.7
     transient_factor: float = 1.5
     transient_steps: int = 10
+    intermittent_allowance: float = 0.15
+    intermittent_threshold: float = 1.5
+    intermittent_clip: float = 2.0
     stage_excess: float = 0.05
     min_ranks: int = 4
     max_factor: float = 20.0
@@ -122,9 +169,84 @@ class StragglerConfig:
                 f"persistent_excess={self.persistent_excess!r}, transient_factor="
                 f"{self.transient_factor!r}: expected 0 < excess < 1 and a factor above 1"
             )
+        if not (
+            self.intermittent_allowance > 0
+            and self.intermittent_threshold > 0
+            and self.intermittent_clip > 1 + self.intermittent_allowance
+        ):
+            raise ValueError(
+                f"intermittent_allowance={self.intermittent_allowance!r}, intermittent_threshold="
+                f"{self.intermittent_threshold!r}, intermittent_clip={self.intermittent_clip!r}: "
+                "expected an allowance and a threshold above 0 and a clip above 1 + allowance"
+            )
         for name in ("persistent_steps", "transient_steps", "min_ranks", "ring"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} is {getattr(self, name)!r}: expected at least 1")
+
+
+@dataclass(slots=True)
+class Excess:
+    """Each rank's accumulated excess (the intermittent rule's CUSUM), ``(machines, ranks)``.
+
+    ``total`` is the sum S; ``steps`` the steps it has accumulated over since it last left 0;
+    ``above`` how many of those observations were above the allowance; ``ratio_steps`` their
+    ratios to the reference times the steps each covers (the episode's mean ratio is
+    ``ratio_steps / steps``)."""
+
+    total: np.ndarray
+    steps: np.ndarray
+    above: np.ndarray
+    ratio_steps: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, int]) -> Excess:
+        return cls(np.zeros(shape), np.zeros(shape), np.zeros(shape, np.int64), np.zeros(shape))
+
+
+def accumulate_excess(
+    excess: Excess, ratio: np.ndarray, steps: np.ndarray, config: StragglerConfig
+) -> np.ndarray:
+    """Add one observation per rank where ``ratio`` (its signal over its reference) is finite,
+    in place: ``S = max(0, S + n * (clip(log ratio) - k))``, ``n`` the steps it covers. Ranks
+    whose ratio is NaN (no new step, or a bad one) are left as they were: bad steps are never
+    accumulated. Returns which ranks started a new accumulation (S left 0)."""
+    cap = math.log(config.intermittent_clip)
+    allowance = math.log1p(config.intermittent_allowance)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.log(ratio)
+    seen = np.isfinite(r)
+    r = np.clip(np.where(seen, r, 0.0), -cap, cap)
+    n = np.where(seen, steps, 0.0)
+    total = np.maximum(0.0, excess.total + n * (r - allowance))
+    going = seen & (total > 0)
+    started = going & (excess.total <= 0)
+    excess.total[...] = np.where(seen, total, excess.total)
+    # Ranks back at 0 start afresh; the others add this observation.
+    keep = ~seen | going
+    excess.steps[...] = np.where(keep, excess.steps + n, 0.0)
+    excess.above[...] = np.where(keep, excess.above + (going & (r > allowance)), 0)
+    excess.ratio_steps[...] = np.where(
+        keep, excess.ratio_steps + np.where(seen, n * np.nan_to_num(ratio), 0.0), 0.0
+    )
+    return np.asarray(started)
+
+
+def excess_due(excess: Excess, config: StragglerConfig) -> np.ndarray:
+    """Ranks the intermittent rule names: S at the threshold, accumulated over at least
+    ``MIN_OBSERVATIONS`` observations above the allowance (never one step, however long) and
+    ``transient_steps`` steps (a shorter burst is the transient rule's to judge; a burst is named
+    here when it lost as much time as the transient rule's smallest case)."""
+    return np.asarray(
+        (excess.total >= config.intermittent_threshold)
+        & (excess.above >= MIN_OBSERVATIONS)
+        & (excess.steps >= config.transient_steps)
+    )
+
+
+def reset_excess(excess: Excess, where: np.ndarray) -> None:
+    """Start the ranks ``where`` afresh (after the rule signalled on them)."""
+    for a in (excess.total, excess.steps, excess.above, excess.ratio_steps):
+        a[where] = 0
 
 
 @dataclass(slots=True)
@@ -178,6 +300,8 @@ class StragglerDetector:
         self._run_obs = np.zeros((0, 0), dtype=np.int64)
         self._calm = np.zeros((0, 0))
         self._alerted = np.zeros((0, 0), dtype=bool)
+        self._excess = Excess.zeros((0, 0))
+        self._excess_start = np.zeros((0, 0), dtype=np.int64)
         self._steps_seen = 0.0
         self._k_median = 1.0
         self._async_until = -math.inf
@@ -285,6 +409,14 @@ class StragglerDetector:
         self._run_obs = grown(self._run_obs, 0)
         self._calm = grown(self._calm, 0.0)
         self._alerted = grown(self._alerted, False)
+        e = self._excess
+        self._excess = Excess(
+            grown(e.total, 0.0),
+            grown(e.steps, 0.0),
+            grown(e.above, 0),
+            grown(e.ratio_steps, 0.0),
+        )
+        self._excess_start = grown(self._excess_start, 0)
         self._shape = (m, d)
 
     # -- one tick ---------------------------------------------------------------------------
@@ -301,12 +433,18 @@ class StragglerDetector:
         cfg = self.config
         n_m, n_d = step.shape
         present = np.isfinite(step)
-        if not present.any():
-            return []
         last_number = self._number[:n_m, :n_d]
         # A new step: the step number moved on (or, without numbers, a new sample).
         has_number = np.isfinite(number)
         advanced = np.where(has_number, number - np.nan_to_num(last_number, nan=-1.0), 1.0)
+        # A step whose number moved on but whose time is not a number (NaN, infinite: the
+        # window holds both as absent) is a bad step: skipped and counted, once.
+        lost = has_number & np.isfinite(last_number) & (advanced > 0) & ~present
+        if lost.any():
+            self.stats.skipped += int(lost.sum())
+            self._number[:n_m, :n_d] = np.where(lost, number, last_number)
+        if not present.any():
+            return []
         new = present & (advanced > 0)
         k = np.where(has_number & np.isfinite(last_number), advanced, 1.0)
         self._number[:n_m, :n_d] = np.where(has_number, number, last_number)
@@ -317,8 +455,9 @@ class StragglerDetector:
         # step time itself (asynchronous jobs).
         sync = self._synchronous(step, new, tick * window.tick_s, window.tick_s)
         use_busy = np.isfinite(busy) & (busy > 0)
-        from_coll = sync & ~use_busy & np.isfinite(coll) & (step - coll > 0)
-        x = np.where(use_busy, busy, np.where(from_coll, step - coll, step))
+        with np.errstate(invalid="ignore"):  # infinite step and collective times: bad below
+            from_coll = sync & ~use_busy & np.isfinite(coll) & (step - coll > 0)
+            x = np.where(use_busy, busy, np.where(from_coll, step - coll, step))
         if use_busy[new].any():
             signal = BUSY
         elif from_coll[new].any():
@@ -371,11 +510,17 @@ class StragglerDetector:
         obs = self._run_obs[:n_m, :n_d]
         self._run_obs[:n_m, :n_d] = np.where(new, np.where(slow_now, obs + 1, 0), obs)
 
+        # Accumulated excess (intermittent stragglers): indexed by step like the runs.
+        excess = self._excess_of(n_m, n_d)
+        started = accumulate_excess(excess, ratio, k, cfg)
+        self._excess_start[:n_m, :n_d] = np.where(started, start_s, self._excess_start[:n_m, :n_d])
+
         persistent, mean_ratio, slow_parts = self._persistent(n_m, n_d)
         transient = (self._run[:n_m, :n_d] >= cfg.transient_steps) & (
             self._run_obs[:n_m, :n_d] >= MIN_OBSERVATIONS
         )
-        flagged = (persistent | transient) & active[:, None]
+        intermittent = excess_due(excess, cfg) & active[:, None]
+        flagged = (persistent | transient | intermittent) & active[:, None]
         calm = new & ~flagged & (np.nan_to_num(ratio, nan=1.0) < 1 + cfg.persistent_excess / 2)
         quiet = self._calm[:n_m, :n_d]
         self._calm[:n_m, :n_d] = np.where(calm, quiet + k, np.where(flagged, 0.0, quiet))
@@ -406,6 +551,12 @@ class StragglerDetector:
         for m in firing:
             ranks = np.flatnonzero(fire[m])
             self._alerted[m, ranks] = True
+            if persistent[m, ranks].any():
+                rule = "persistent"
+            elif transient[m, ranks].any():
+                rule = "transient"
+            else:
+                rule = "intermittent"
             alerts.append(
                 self._worker_alert(
                     window,
@@ -414,12 +565,25 @@ class StragglerDetector:
                     ranks,
                     devices,
                     (latest, ref, mean_ratio, onset, lateness),
-                    bool(persistent[m, ranks].any()),
+                    rule,
                     signal,
                     sync,
                 )
             )
+        # The sum starts afresh where it signalled: alerted now, joining its machine's episode,
+        # or in an alerted stage (a rank that keeps bursting signals again and holds its alert).
+        reset_excess(excess, intermittent)
         return alerts
+
+    def _excess_of(self, n_m: int, n_d: int) -> Excess:
+        """The accumulated excess of the job's current ranks (views: updates are kept)."""
+        e = self._excess
+        return Excess(
+            e.total[:n_m, :n_d],
+            e.steps[:n_m, :n_d],
+            e.above[:n_m, :n_d],
+            e.ratio_steps[:n_m, :n_d],
+        )
 
     def _synchronous(self, step: np.ndarray, new: np.ndarray, now_s: int, tick_s: int) -> bool:
         """A synchronous job: the ranks that reported this tick are at the same step (within the
@@ -719,16 +883,33 @@ class StragglerDetector:
         ranks: np.ndarray,
         devices: list[str],
         arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-        persistent: bool,
+        rule: str,
         signal: str,
         sync: bool,
     ) -> Alert:
-        """One machine's straggling ranks, with what they cost the job."""
+        """One machine's straggling ranks, with what they cost the job; ``rule`` the rule that
+        named them (``persistent``, ``transient`` or ``intermittent``).
+
+        The cost is the job's at its latest steps, except for an intermittent straggler, whose
+        latest step may be a dip back to normal: its ranks' pace is then their mean over the
+        steps the rule accumulated (dips included), and the job's step time (its ``job_slowdown``
+        too) what it is with them at that pace: the cost over the steps the alert judged."""
         latest, ref, mean_ratio, onset, lateness = arrays
         info = window.machines[m]
         cost = self.cost
-        worst = int(ranks[np.argmax(latest[m, ranks] / ref[m, ranks])])
-        own = float(latest[m, worst])
+        excess = self._excess
+        pace = latest
+        if rule == "intermittent":
+            # Its worst rank is the one that lost most, not the one slowest at this step.
+            worst = int(ranks[np.argmax(excess.total[m, ranks])])
+            span = excess.steps[m, ranks]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = excess.ratio_steps[m, ranks] / span * ref[m, ranks]
+            pace = latest.copy()
+            pace[m, ranks] = np.where(span > 0, mean, latest[m, ranks])
+        else:
+            worst = int(ranks[np.argmax(latest[m, ranks] / ref[m, ranks])])
+        own = float(pace[m, worst])
         reference = float(ref[m, worst])
         mask = np.isfinite(latest)
         mask[m, :] = False  # the worker is the machine: all its ranks go to the reference
@@ -737,21 +918,73 @@ class StragglerDetector:
         if sync:
             # The job's step time with this worker at the reference.
             slowest_other = max(float(others.max()) if others.size else reference, reference)
-            without = observed - max(0.0, own - slowest_other)
+            if pace is latest:
+                without = observed - max(0.0, own - slowest_other)
+            else:
+                # Its ranks' excess now out, their excess at their mean pace in.
+                now = float(np.nanmax(latest[m, ranks]))
+                without = observed - max(0.0, now - slowest_other)
+                observed = without + max(0.0, own - slowest_other)
         else:
             rate = float(np.sum(1.0 / latest[np.isfinite(latest)]))
             own_ranks = latest[m][np.isfinite(latest[m])]
             fixed = rate - float(np.sum(1.0 / own_ranks)) + own_ranks.size / reference
             without = observed * rate / fixed
+            if pace is not latest:
+                own_pace = pace[m][np.isfinite(latest[m])]
+                paced = rate - float(np.sum(1.0 / own_ranks)) + float(np.sum(1.0 / own_pace))
+                observed = observed * rate / paced
         slowdown = observed / without if without > 0 else 1.0
+        job_slowdown = (
+            cost.slowdown if pace is latest else max(1.0, observed / ideal if ideal > 0 else 1.0)
+        )
         explained = (observed - without) / (observed - ideal) if observed > ideal else 0.0
         ranks_in_job = int(np.isfinite(latest).sum())
         lost = ranks_in_job * (1 - 1 / slowdown)
-        start = int(onset[m, ranks].min() if persistent else self._run_start[m, ranks].min())
+        if rule == "persistent":
+            start = int(onset[m, ranks].min())
+        elif rule == "transient":
+            start = int(self._run_start[m, ranks].min())
+        else:
+            start = int(self._excess_start[m, worst])
         if start >= 2**62:
             start = tick * window.tick_s
         ratio = own / reference if reference > 0 else math.nan
         late = float(lateness[m, worst])
+        if rule == "persistent":
+            steps = self.config.persistent_steps
+        elif rule == "transient":
+            steps = int(self._run[m, ranks].max())
+        else:
+            steps = int(excess.steps[m, worst])
+        evidence: dict[str, Any] = {
+            "rule": "straggler",
+            "verdict": "worker",
+            "straggler": rule,
+            "ratio": round(ratio, 4),
+            "mean_ratio": round(float(mean_ratio[m, worst]), 4),
+            "busy_s": round(own, 6),
+            "reference_s": round(reference, 6),
+            # How long its peers waited for its worst rank per step (None: asynchronous).
+            "lateness_s": round(late, 6) if math.isfinite(late) else None,
+            "steps": steps,
+            "slowdown": round(slowdown, 4),
+            "share": round(min(1.0, max(0.0, explained)), 4),
+            "gpu_hours_lost_per_hour": round(max(0.0, lost), 4),
+            "job_slowdown": round(job_slowdown, 4),
+            "sync": sync,
+            "group": info.group,
+        }
+        if rule == "intermittent":
+            # The accumulated excess at the alert and its threshold; the mean ratio over the
+            # steps it accumulated over (``steps``), dips included.
+            evidence["cusum"] = round(float(excess.total[m, worst]), 4)
+            evidence["cusum_threshold"] = self.config.intermittent_threshold
+            evidence["cusum_allowance"] = self.config.intermittent_allowance
+            span = float(excess.steps[m, worst])
+            evidence["episode_ratio"] = (
+                round(float(excess.ratio_steps[m, worst]) / span, 4) if span > 0 else None
+            )
         return Alert(
             job=window.job,
             machine=info.name,
@@ -762,24 +995,5 @@ class StragglerDetector:
             detected_ts=float(window.tick_end(tick)),
             devices=tuple(devices[int(r)] for r in ranks),
             domain=info.domain,
-            evidence={
-                "rule": "straggler",
-                "verdict": "worker",
-                "straggler": "persistent" if persistent else "transient",
-                "ratio": round(ratio, 4),
-                "mean_ratio": round(float(mean_ratio[m, worst]), 4),
-                "busy_s": round(own, 6),
-                "reference_s": round(reference, 6),
-                # How long its peers waited for its worst rank per step (None: asynchronous).
-                "lateness_s": round(late, 6) if math.isfinite(late) else None,
-                "steps": self.config.persistent_steps
-                if persistent
-                else int(self._run[m, ranks].max()),
-                "slowdown": round(slowdown, 4),
-                "share": round(min(1.0, max(0.0, explained)), 4),
-                "gpu_hours_lost_per_hour": round(max(0.0, lost), 4),
-                "job_slowdown": round(cost.slowdown, 4),
-                "sync": sync,
-                "group": info.group,
-            },
+            evidence=evidence,
         )

@@ -373,3 +373,70 @@ def test_the_persistent_test_reads_each_ranks_newest_observations(
                 int(np.where(s[i, j], t[i, j], np.iinfo(np.int64).max).min()) for s, t in parts
             )
             assert first == onset
+
+
+# --- intermittent stragglers: accumulated excess (see also test_straggler_intermittent.py) ------
+
+BURST = [1.6, 1.7, 1.0, 2.4, 1.3, 1.8, 1.2, 1.7, 1.4, 1.0, 1.9, 1.2, 1.3, 1.5]
+"""A real worker's 14 sampled steps: about 1.5x the median, single steps back at 1.0-1.3x."""
+
+
+@pytest.mark.parametrize(
+    ("sync", "busy"),
+    [(True, True), (True, False), (False, False)],
+    ids=["sync-busy", "sync-collective", "async-step"],
+)
+def test_a_worker_slow_in_bursts_with_dips_back_to_normal_is_named(sync: bool, busy: bool) -> None:
+    onset, base, comm = 100, 1.4, 0.6
+
+    def factor(m: int, r: int, s: int) -> float:
+        if (m, r) != (11, 3) or not onset <= s < onset + len(BURST):
+            return 1.0
+        if sync:
+            return BURST[s - onset]
+        # Asynchronous: the worker's own step time (busy + communication) is BURST times.
+        return (BURST[s - onset] * (base + comm) - comm) / base
+
+    alerts, _, _ = run_job(steps=200, factor=factor, sync=sync, busy=busy, collective=sync)
+    assert named(alerts) == ["m11"]
+    alert = alerts[0]
+    assert alert.devices == ("rank3",)
+    ev = alert.evidence
+    assert ev["straggler"] == "intermittent" and ev["verdict"] == "worker"
+    assert ev["cusum"] >= ev["cusum_threshold"] > 0
+    assert ev["episode_ratio"] == pytest.approx(1.5, abs=0.1)
+    # Named within its 14 bursty steps: each of them at most 2.4 x 1.4 + 0.6 s in a sync job.
+    assert alert.detected_ts <= START + onset * 2.0 + sum(b * base + comm for b in BURST) + 2
+    assert alert.first_ts >= START + (onset - 1) * 2.0
+
+
+def test_a_steady_worker_a_quarter_slower_is_named_before_the_persistent_window() -> None:
+    """Above the allowance the sum grows on every step: a steady worker 25 % slower is named
+    after about h / (log 1.25 - log 1.15) = 18 steps, by the intermittent rule, with its cost."""
+    alerts, detector, true_s = run_job(
+        steps=150, factor=lambda m, r, s: 1.25 if (m == 6 and s >= 50) else 1.0
+    )
+    assert named(alerts) == ["m06"]
+    ev = alerts[0].evidence
+    assert ev["straggler"] == "intermittent"
+    assert 15 <= ev["steps"] <= 25 < detector.config.persistent_steps
+    assert ev["episode_ratio"] == pytest.approx(1.25, abs=0.02)
+    assert ev["job_slowdown"] == pytest.approx(true_s, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "blip",
+    [[2.0] * 4, [19.0], [19.0, 1.0, 19.0], [2.5, 2.5, 1.0, 1.0, 2.5]],
+    ids=["4-steps-2x", "one-19x", "two-19x", "three-2.5x-spread"],
+)
+def test_short_blips_are_not_named(blip: list[float]) -> None:
+    """A burst that loses less than the transient rule's smallest case (10 steps at 1.5x), and
+    single steps however slow (below ``max_factor``; they count as 2x at most), are not named."""
+    alerts, detector, _ = run_job(
+        steps=150,
+        factor=lambda m, r, s: (
+            blip[s - 80] if (m == 2 and r == 0 and 80 <= s < 80 + len(blip)) else 1.0
+        ),
+    )
+    assert alerts == []
+    assert detector.stats.skipped == 0
