@@ -104,6 +104,10 @@ def generate_chunk(plan: JobPlan, index: int) -> Chunk:
         apply_states(injection, states)
     states.state_map[states.dead] = State.OFF
     gpu_states_ext = _state_fractions(phases_ext, states.state_map)
+    if plan.fleet is not None:
+        gpu_states_ext = _fleet_states(
+            gpu_states_ext, states.state_map, plan.fleet.duty(seconds_ext)
+        )
 
     intensity = np.where(plan.effects.eval_at(seconds_ext + 0.5), EVAL_INTENSITY, 1.0)
     boost_ext = plan.load[None, :, None] * intensity[:, None, None] - 1.0
@@ -169,6 +173,22 @@ def _state_fractions(phases: np.ndarray, state_map: np.ndarray) -> np.ndarray:
         # One state per GPU and phase, so the cells of one call never repeat.
         flat[cells, state_map[..., phase].ravel()] += share.ravel()
     return out
+
+
+FLEET_IDLE_STATE = State.DATA_WAIT
+"""What an idle fleet machine's GPUs do: the process alive, its model in memory, no work."""
+
+
+def _fleet_states(gpu_states: np.ndarray, state_map: np.ndarray, duty: np.ndarray) -> np.ndarray:
+    """A fleet machine follows the job's rhythm for its ``duty`` ``(T, N)`` share of each
+    second and idles the rest; GPUs a fault changed (dead, hung, throttled …) keep their
+    states."""
+    idle = np.zeros(N_STATES)
+    idle[FLEET_IDLE_STATE] = 1.0
+    share = duty[:, :, None, None]
+    blended = share * gpu_states + (1.0 - share) * idle
+    untouched = (state_map == DEFAULT_STATE_OF_PHASE).all(axis=-1)
+    return np.where(untouched[..., None], blended, gpu_states)
 
 
 def _present(

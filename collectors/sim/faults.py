@@ -13,6 +13,8 @@ Table 1 data) and how NVIDIA drivers, NCCL and RDMA NICs behave:
   synchronous job the whole job's steps last as long as its compute plus the communication,
   while its peers wait for it in the collective (their GPUs spin); in an asynchronous job only
   its own steps are longer (``collectors/sim/timeline.py``, :class:`RankPace`);
+* a fail-stop fault with ``halt_after_s`` ends in a job halt: from then on every machine's
+  training process is gone (every GPU idles alike) and the job makes no progress;
 * a machine out of the job (a late joiner before it joins, a machine scaled down, restarting
   in a rolling restart, or at the job's end) sends no samples either; one that leaves cleanly
   sends a last batch with only a ``leave`` event (its agent's goodbye).
@@ -122,6 +124,8 @@ def straggler_slowdown(injection: Injection, job: JobSpec) -> float:
         return 1.0
     target = injection.target
     factor = injection.spec.factor_in_effect
+    if target.step_factors:  # an intermittent straggler: the mean of its steps' factors
+        factor = _mean_step_factor(injection, job)
     share = len(target.machines) * len(target.ranks) / (job.machines * job.gpus_per_machine)
     compute = job.step_time_s * (1.0 - job.comm_fraction)
     comm = job.step_time_s * job.comm_fraction
@@ -131,6 +135,21 @@ def straggler_slowdown(injection: Injection, job: JobSpec) -> float:
     return (compute * factor + comm) / (compute * (1.0 + share * (factor - 1.0)) + comm)
 
 
+def _mean_step_factor(injection: Injection, job: JobSpec) -> float:
+    """Mean compute factor of the steps an intermittent straggler's slow span holds, from the
+    job's nominal rhythm (each step takes its compute times its factor, plus the rest)."""
+    target = injection.target
+    factors = target.step_factors
+    compute = job.step_time_s * (1.0 - job.comm_fraction - job.host_fraction)
+    rest = job.step_time_s - compute
+    span = target.end_s - target.start_s
+    elapsed, taken = 0.0, 0
+    while elapsed < span and taken < 100_000:
+        elapsed += compute * factors[taken % len(factors)] + rest
+        taken += 1
+    return float(np.mean([factors[k % len(factors)] for k in range(max(taken, 1))]))
+
+
 def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> None:
     """Record the injection's effect on the whole job's rhythm."""
     start = injection.target.start_s
@@ -138,8 +157,13 @@ def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> 
     # do not show the job resuming.
     end = injection.target.end_s if injection.target.clears else math.inf
     severity = injection.severity
+    if injection.target.halts:  # the job never makes progress again
+        effects.stalls.append((injection.target.end_s, math.inf))
     match injection.kind:
         case kind if kind in _STALLS_JOB:
+            effects.stalls.append((start, end))
+        case FaultType.NIC_DOWN if injection.target.halts:
+            # The collective hangs on the lost rail until the watchdog tears the job down.
             effects.stalls.append((start, end))
         case FaultType.NIC_DOWN if len(injection.target.nics) == job.nics_per_machine:
             effects.stalls.append((start, end))
@@ -161,10 +185,13 @@ def add_job_effects(injection: Injection, job: JobSpec, effects: JobEffects) -> 
         case kind if kind in STRAGGLER_FAULTS:
             target = injection.target
             factor = injection.spec.factor_in_effect
-            if job.sync:  # everyone waits for the slow ranks each step
+            steps = target.step_factors
+            if job.sync and steps:  # everyone waits for the slow ranks, step by step
+                effects.step_stretches.extend((s, e, steps) for s, e in target.slow_spans)
+            elif job.sync:  # everyone waits for the slow ranks each step
                 effects.stretches.extend((s, e, factor) for s, e in target.slow_spans)
             effects.rank_slowdowns.append(
-                RankSlowdown(target.machines, target.ranks, target.slow_spans, factor)
+                RankSlowdown(target.machines, target.ranks, target.slow_spans, factor, steps)
             )
         case ConfounderType.JOB_WIDE_SLOWDOWN:
             factor = injection.spec.factor_in_effect
@@ -177,6 +204,8 @@ def apply_states(injection: Injection, ctx: StateContext) -> None:
     """Change device states and power/clock modifiers (extended range of a chunk)."""
     target = injection.target
     machines = list(target.machines)
+    if target.halts:  # every machine's training process exits with the job
+        ctx.dead[ctx.seconds + 1 > target.end_s] = True
     match injection.kind:
         case kind if kind in _DIES_AFTER_XID:
             ctx.dead[_rows(injection.active(ctx.seconds, 1), machines)] = True

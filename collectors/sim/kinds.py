@@ -71,6 +71,19 @@ class FaultType(StrEnum):
     ``slow_group``
         Several machines (``machines``: a count drawn from the seed, default 3, or a list) are
         ``factor`` (default 1.2) slower at once.
+    ``intermittent_straggler``
+        One machine's ranks (``device`` as ``slow_worker``) straggle in bursts, step by step:
+        peaks of ``0.85 * factor`` to ``1.2 * factor`` (default ``factor`` 2.0: 1.7-2.4x) with
+        single steps back at 1.0-1.3x between them (never two in a row), drawn from the seed;
+        on average about 1.6x its peers' busy time, about 1.5x their step time. Default
+        ``duration_s``: :data:`DEFAULT_INTERMITTENT_STEPS` of its slowed steps. Its label's
+        ``slowdown`` is that of the mean factor of those steps.
+
+    Fail-stop faults that end in a job halt (``halt_after_s``, for :data:`HALTING_FAULTS`):
+    the fault shows for ``halt_after_s`` seconds, then the job halts (the NCCL watchdog or the
+    scheduler tears it down): every machine's training process exits, every GPU idles alike
+    and the agents keep reporting. A ``nic_down`` that halts stalls the job from its onset (the
+    collective hangs on the lost rail until the timeout) instead of slowing it.
     """
 
     GPU_XID = "gpu_xid"
@@ -91,6 +104,7 @@ class FaultType(StrEnum):
     SLOW_STAGE = "slow_stage"
     FLAPPING_WORKER = "flapping_worker"
     SLOW_GROUP = "slow_group"
+    INTERMITTENT_STRAGGLER = "intermittent_straggler"
 
 
 class ConfounderType(StrEnum):
@@ -186,11 +200,17 @@ STRAGGLER_FAULTS = frozenset(
         FaultType.SLOW_STAGE,
         FaultType.FLAPPING_WORKER,
         FaultType.SLOW_GROUP,
+        FaultType.INTERMITTENT_STRAGGLER,
     }
 )
 """Faults that slow some ranks' compute by a ``factor`` (see :class:`FaultType`)."""
 RANK_FAULTS = frozenset(
-    {FaultType.SLOW_WORKER, FaultType.TRANSIENT_STRAGGLER, FaultType.FLAPPING_WORKER}
+    {
+        FaultType.SLOW_WORKER,
+        FaultType.TRANSIENT_STRAGGLER,
+        FaultType.FLAPPING_WORKER,
+        FaultType.INTERMITTENT_STRAGGLER,
+    }
 )
 """Stragglers of one machine that may hit only some of its ranks (``device``: ``rankN``, a list
 of them, or ``all``, the default)."""
@@ -200,6 +220,7 @@ DEFAULT_FACTOR: dict[FaultType | ConfounderType, float] = {
     FaultType.SLOW_STAGE: 1.2,
     FaultType.FLAPPING_WORKER: 1.5,
     FaultType.SLOW_GROUP: 1.2,
+    FaultType.INTERMITTENT_STRAGGLER: 2.0,
     ConfounderType.JOB_WIDE_SLOWDOWN: 1.2,
 }
 """``factor`` of each slowdown when the scenario names none."""
@@ -209,3 +230,25 @@ DEFAULT_TRANSIENT_STEPS = 20
 """``transient_straggler``: default ``duration_s`` in the job's steps."""
 DEFAULT_GROUP_SIZE = 3
 """``slow_group``: machines drawn when ``machines`` is left out."""
+DEFAULT_INTERMITTENT_STEPS = 20
+"""``intermittent_straggler``: default ``duration_s`` in the straggler's own (slowed) steps."""
+INTERMITTENT_MIN_FACTOR = 1.5
+"""``intermittent_straggler``: the smallest ``factor`` (its peaks must stand above its dips)."""
+INTERMITTENT_DIPS = (1.0, 1.3)
+"""``intermittent_straggler``: the range of the compute factor of a step back between peaks."""
+INTERMITTENT_PEAKS = (0.85, 1.2)
+"""``intermittent_straggler``: its peaks' range, as multiples of ``factor``."""
+INTERMITTENT_DIP_CHANCE = 0.8
+"""``intermittent_straggler``: the chance that a peak is followed by a dip (else another peak);
+a dip is always followed by a peak."""
+
+HALTING_FAULTS = frozenset(
+    {
+        FaultType.NIC_DOWN,
+        FaultType.GPU_XID,
+        FaultType.ECC_ERROR,
+        FaultType.CUDA_EXECUTION_ERROR,
+        FaultType.GPU_EXECUTION_ERROR,
+    }
+)
+"""Fail-stop faults that may end in a job halt (``halt_after_s``, see :class:`FaultType`)."""

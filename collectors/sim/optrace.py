@@ -5,11 +5,12 @@ The simulator runs a synchronous job as one data-parallel step shared by every r
 computes (its busy time: the step's compute, times a straggler's factor while it is slow), then
 all meet in one blocking collective that ends the step, so every rank waits there for the
 slowest. The trace says exactly that, step by step: per rank a forward and a backward compute
-op (a third and two thirds of its busy time) and a ``grads-reduce-scatter`` from the end of its
-compute to the end of the job's step (its wait included, as a profiler records it). Every rank
-is a DP worker of stage 0: the job's ``pp_stages`` are the detector's peer groups, not a
-pipeline schedule the simulator runs. Noise of the reported samples is not in the trace: it is
-what the job ran, not what its probes measured.
+op (a third and two thirds of its busy time, a host-bound phase of the step included) and a
+``grads-reduce-scatter`` from the end of its compute to the end of the job's step (its wait
+included, as a profiler records it). Every rank is a DP worker of stage 0: the job's
+``pp_stages`` are the detector's peer groups, not a pipeline schedule the simulator runs. Noise
+of the reported samples is not in the trace: it is what the job ran, not what its probes
+measured.
 
 An asynchronous job has no shared step to replay (each rank keeps its own pace): refused.
 """
@@ -89,6 +90,8 @@ def op_table(
     busy = np.broadcast_to(timeline.it_compute[steps][:, None, None], (len(steps), n, g)).copy()
     for pace in plan.paces:
         busy[:, pace.cells] = pace.busy[steps][:, None]
+    # A step's host-bound phase (host_fraction) is busy time outside the collective too.
+    busy += timeline.it_host[steps][:, None, None]
     ranks = n * g
     busy = busy.reshape(len(steps), ranks)
     begin = np.broadcast_to(starts[steps][:, None], busy.shape)

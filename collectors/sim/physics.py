@@ -24,6 +24,9 @@ class Phase(IntEnum):
     """Gradient all-reduce / pipeline transfers over RDMA and NVLink."""
     CHECKPOINT = 3
     """Checkpoint save: GPUs idle, state copied to host, written to disk and storage."""
+    HOST = 4
+    """Host-bound part of a step (``JobSpec.host_fraction``): the next batch is prepared and
+    copied in, an offloaded optimiser runs on the CPU; the GPUs wait with little to do."""
 
 
 N_PHASES = len(Phase)
@@ -43,12 +46,14 @@ class State(IntEnum):
     """No training process (it died): idle GPU, memory freed."""
     HUNG = 6
     """A kernel that never finishes: duty cycle and SM activity high, no tensor work."""
+    HOST = 7
+    """The host-bound phase of a step: a few small kernels and copies, the CPU busy."""
 
 
 N_STATES = len(State)
 
 DEFAULT_STATE_OF_PHASE = np.array(
-    [State.COMPUTE, State.SPIN, State.COMM, State.CHECKPOINT], dtype=np.int8
+    [State.COMPUTE, State.SPIN, State.COMM, State.CHECKPOINT, State.HOST], dtype=np.int8
 )
 """The state a healthy GPU is in during each :class:`Phase`."""
 
@@ -60,25 +65,25 @@ def _levels(**by_state: float) -> np.ndarray:
 # Per-state means, indexed by State. COMPUTE entries of the "load-scaled" ones are scaled by the
 # machine's load (last PP stage) and the job's intensity (eval phase) in signals.py.
 GPU_UTIL = _levels(compute=0.99, comm=0.97, spin=0.99, checkpoint=0.03, data_wait=0.02, off=0.0,
-                   hung=1.0)  # fmt: skip
+                   hung=1.0, host=0.2)  # fmt: skip
 GPU_SM_ACTIVE = _levels(compute=0.84, comm=0.30, spin=0.04, checkpoint=0.01, data_wait=0.0,
-                        off=0.0, hung=0.92)  # fmt: skip
+                        off=0.0, hung=0.92, host=0.05)  # fmt: skip
 GPU_TENSOR_ACTIVE = _levels(compute=0.56, comm=0.03, spin=0.0, checkpoint=0.0, data_wait=0.0,
-                            off=0.0, hung=0.0)  # fmt: skip
+                            off=0.0, hung=0.0, host=0.0)  # fmt: skip
 GPU_GR_ENGINE = _levels(compute=0.99, comm=0.97, spin=0.99, checkpoint=0.03, data_wait=0.02,
-                        off=0.0, hung=1.0)  # fmt: skip
+                        off=0.0, hung=1.0, host=0.2)  # fmt: skip
 GPU_DRAM_ACTIVE = _levels(compute=0.46, comm=0.22, spin=0.01, checkpoint=0.05, data_wait=0.0,
-                          off=0.0, hung=0.03)  # fmt: skip
+                          off=0.0, hung=0.03, host=0.03)  # fmt: skip
 GPU_POWER_W = _levels(compute=655.0, comm=330.0, spin=185.0, checkpoint=125.0, data_wait=115.0,
-                      off=72.0, hung=255.0)  # fmt: skip
+                      off=72.0, hung=255.0, host=160.0)  # fmt: skip
 GPU_SM_CLOCK_HZ = _levels(compute=1.92e9, comm=1.98e9, spin=1.98e9, checkpoint=1.755e9,
-                          data_wait=1.755e9, off=0.345e9, hung=1.98e9)  # fmt: skip
+                          data_wait=1.755e9, off=0.345e9, hung=1.98e9, host=1.98e9)  # fmt: skip
 GPU_PCIE_TX = _levels(compute=0.3e9, comm=20e9, spin=0.05e9, checkpoint=9e9, data_wait=0.01e9,
-                      off=0.0, hung=0.0)  # fmt: skip
+                      off=0.0, hung=0.0, host=2e9)  # fmt: skip
 GPU_PCIE_RX = _levels(compute=1.5e9, comm=20e9, spin=0.05e9, checkpoint=0.2e9, data_wait=0.01e9,
-                      off=0.0, hung=0.0)  # fmt: skip
+                      off=0.0, hung=0.0, host=8e9)  # fmt: skip
 GPU_NVLINK = _levels(compute=90e9, comm=160e9, spin=0.5e9, checkpoint=0.0, data_wait=0.0,
-                     off=0.0, hung=0.0)  # fmt: skip
+                     off=0.0, hung=0.0, host=25e9)  # fmt: skip
 GPU_MEMORY_ALIVE_B = 71.5 * 2**30
 GPU_MEMORY_OFF_B = 0.5 * 2**30
 GPU_MEMORY_LAST_STAGE_B = 4.0 * 2**30
@@ -91,30 +96,30 @@ THROTTLE_REASON_THERMAL = 0x20 | 0x40  # SW + HW thermal slowdown
 
 # NIC, per port, indexed by State (the mean over the machine's GPUs).
 RDMA_BYTES = _levels(compute=3.0e9, comm=38e9, spin=0.0, checkpoint=0.0, data_wait=0.0, off=0.0,
-                     hung=0.0)  # fmt: skip
+                     hung=0.0, host=0.5e9)  # fmt: skip
 PFC_TX = _levels(compute=3.0, comm=25.0, spin=0.5, checkpoint=0.5, data_wait=0.5, off=0.0,
-                 hung=0.5)  # fmt: skip
+                 hung=0.5, host=0.5)  # fmt: skip
 PFC_RX = _levels(compute=2.0, comm=15.0, spin=0.5, checkpoint=0.5, data_wait=0.5, off=0.0,
-                 hung=0.5)  # fmt: skip
+                 hung=0.5, host=0.5)  # fmt: skip
 XMIT_WAIT = _levels(compute=2e4, comm=4e5, spin=0.0, checkpoint=0.0, data_wait=0.0, off=0.0,
-                    hung=0.0)  # fmt: skip
+                    hung=0.0, host=0.0)  # fmt: skip
 CNP = _levels(compute=4.0, comm=40.0, spin=0.0, checkpoint=0.0, data_wait=0.0, off=0.0,
-              hung=0.0)  # fmt: skip
+              hung=0.0, host=0.0)  # fmt: skip
 
 # Host, indexed by State.
 CPU_UTIL = _levels(compute=0.32, comm=0.27, spin=0.24, checkpoint=0.46, data_wait=0.05,
-                   off=0.015, hung=0.22)  # fmt: skip
+                   off=0.015, hung=0.22, host=0.7)  # fmt: skip
 HOST_MEMORY_B = _levels(compute=420 * 2**30, comm=420 * 2**30, spin=420 * 2**30,
                         checkpoint=480 * 2**30, data_wait=420 * 2**30, off=36 * 2**30,
-                        hung=420 * 2**30)  # fmt: skip
+                        hung=420 * 2**30, host=440 * 2**30)  # fmt: skip
 DISK_READ = _levels(compute=40e6, comm=20e6, spin=2e6, checkpoint=5e6, data_wait=1e6, off=0.2e6,
-                    hung=1e6)  # fmt: skip
+                    hung=1e6, host=400e6)  # fmt: skip
 DISK_WRITE = _levels(compute=3e6, comm=3e6, spin=2e6, checkpoint=1.6e9, data_wait=1e6, off=0.1e6,
-                     hung=2e6)  # fmt: skip
+                     hung=2e6, host=3e6)  # fmt: skip
 NET_TX = _levels(compute=12e6, comm=10e6, spin=4e6, checkpoint=1.1e9, data_wait=3e6, off=0.05e6,
-                 hung=4e6)  # fmt: skip
+                 hung=4e6, host=15e6)  # fmt: skip
 NET_RX = _levels(compute=240e6, comm=120e6, spin=15e6, checkpoint=10e6, data_wait=4e6, off=0.05e6,
-                 hung=10e6)  # fmt: skip
+                 hung=10e6, host=600e6)  # fmt: skip
 
 NCCL_BUSBW_NOMINAL = 160e9
 """Bus bandwidth of a collective that takes the nominal communication time."""

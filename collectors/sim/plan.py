@@ -16,7 +16,7 @@ from collectors.sim.contexts import Injection, PlannedEvent
 from collectors.sim.faults import add_job_effects, planned_events
 from collectors.sim.layout import Layout, build_layout
 from collectors.sim.physics import GPU_MEMORY_LAST_STAGE_B, MACHINE_SKEW_S, THERMAL_WINDOW_S
-from collectors.sim.scenario import FaultType, JobSpec, Scenario
+from collectors.sim.scenario import FaultType, FleetSpec, JobSpec, Scenario
 from collectors.sim.targets import resolve_confounder, resolve_fault
 from collectors.sim.timeline import JobEffects, RankPace, Timeline, build_paces, build_timeline
 
@@ -26,9 +26,70 @@ STREAM_CHUNK = 2
 STREAM_RANK_NOISE = 3
 """Noise of the straggler metrics (``train_busy_seconds``, ``train_step_number``): a stream of
 their own, so that emitting them changes no other metric's values."""
+STREAM_FLEET = 7
+"""Busy and idle spans of the machines of a fleet job (``JobSpec.fleet``)."""
 _STREAM_FLAPS = 19
 POWER_SPREAD = 0.03
 TEMP_SPREAD_C = 3.0
+FLEET_DUTY = (0.35, 1.0)
+"""Range of the duty cycle of a fleet machine's busy span (drawn per span)."""
+FLEET_MIN_SPAN_S = 20.0
+"""Shortest busy or idle span of a fleet machine."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPlan:
+    """When each machine of a fleet job is busy, and how busy: per machine, the cumulative
+    busy time (duty-weighted) at span edges, read by interpolation as the timeline is.
+
+    Attributes
+    ----------
+    edges, cum
+        Per machine: span edges (scenario seconds, increasing) and the duty-weighted busy
+        seconds before each.
+    """
+
+    edges: tuple[np.ndarray, ...]
+    cum: tuple[np.ndarray, ...]
+
+    def duty(self, seconds: np.ndarray) -> np.ndarray:
+        """``(T, N)`` each machine's busy share of the intervals ``[s, s + 1)``."""
+        bounds = np.append(seconds, seconds[-1] + 1.0)
+        out = np.empty((len(seconds), len(self.edges)))
+        for m, (edges, cum) in enumerate(zip(self.edges, self.cum, strict=True)):
+            out[:, m] = np.diff(np.interp(bounds, edges, cum))
+        return out
+
+
+def build_fleet(
+    spec: FleetSpec, machines: int, begin: float, end: float, rng: np.random.Generator
+) -> FleetPlan:
+    """Busy and idle turns of each machine from ``begin`` to past ``end``: exponential spans
+    (busy ones ``dwell_s`` on average, idle ones long enough for ``busy_share``), at least
+    :data:`FLEET_MIN_SPAN_S`, the first cut at a random point (the fleet was running before),
+    each busy span at a duty cycle drawn from :data:`FLEET_DUTY`."""
+    share = spec.busy_share
+    idle_mean = spec.dwell_s * (1.0 - share) / share
+    all_edges: list[np.ndarray] = []
+    all_cum: list[np.ndarray] = []
+    for _ in range(machines):
+        busy = bool(rng.random() < share)
+        t, first = begin, True
+        edges, cum = [t], [0.0]
+        while t < end:
+            mean = spec.dwell_s if busy else idle_mean
+            length = max(FLEET_MIN_SPAN_S, float(rng.exponential(mean)))
+            if first:
+                length *= float(rng.uniform(0.05, 1.0))
+                first = False
+            level = float(rng.uniform(*FLEET_DUTY)) if busy else 0.0
+            t += length
+            edges.append(t)
+            cum.append(cum[-1] + level * length)
+            busy = not busy
+        all_edges.append(np.asarray(edges))
+        all_cum.append(np.asarray(cum))
+    return FleetPlan(tuple(all_edges), tuple(all_cum))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +120,8 @@ class JobPlan:
         ``(G,)`` the NIC each GPU's RDMA traffic goes through (PCIe switch affinity).
     paces
         The steps of the ranks slowed by stragglers, one per set of ranks slowed alike.
+    fleet
+        A fleet job's busy and idle turns (``JobSpec.fleet``), else None.
     """
 
     index: int
@@ -77,6 +140,7 @@ class JobPlan:
     memory_extra: np.ndarray
     nic_of_gpu: np.ndarray
     paces: tuple[RankPace, ...] = ()
+    fleet: FleetPlan | None = None
 
     def rng(self, *purpose: int) -> np.random.Generator:
         """The random stream of ``purpose`` for this job."""
@@ -147,6 +211,10 @@ def _compile_job(
     ]
     events.sort(key=lambda e: (e.offset_s, e.machine))
     nic_of_gpu = (np.arange(g) * job.nics_per_machine) // g
+    fleet = None
+    if job.fleet is not None:
+        fleet_rng = np.random.default_rng([scenario.seed, index, STREAM_FLEET])
+        fleet = build_fleet(job.fleet, n, begin, end, fleet_rng)
     return JobPlan(
         index=index,
         spec=job,
@@ -164,6 +232,7 @@ def _compile_job(
         memory_extra=memory_extra,
         nic_of_gpu=nic_of_gpu,
         paces=paces,
+        fleet=fleet,
     )
 
 

@@ -20,6 +20,8 @@ Example::
       - {type: pcie_downgrade, machine: llm-n0042, start_s: 700, duration_s: 600}
       - {type: slow_worker, machine: 77, factor: 1.1, start_s: 900}   # a straggler
       - {type: slow_stage, stage: pp2, factor: 1.3, start_s: 1500, duration_s: 120}
+      - {type: intermittent_straggler, machine: 40, start_s: 1000}  # bursts with dips
+      - {type: nic_down, machine: 3, device: mlx5_1, start_s: 1200, halt_after_s: 120}
     confounders:
       - {type: blip, machine: 5, start_s: 120}
       - {type: eval_phase, start_s: 1000, duration_s: 120}
@@ -36,6 +38,12 @@ straggler's ``device`` defaults to all the machine's ranks). A job is synchronou
 ``sync: false`` (asynchronous or parameter-server training: each rank steps at its own pace).
 ``machines`` (membership confounders) is a count of machines drawn from the seed, or a list of
 indices and names. What each confounder does: :class:`~collectors.sim.kinds.ConfounderType`.
+
+Real jobs move in phases the whole job shares: ``host_fraction`` gives each step a host-bound
+phase (data preparation, an offloaded optimiser) in which every GPU waits together, so gauges
+(power, utilisation) swing several-fold in lockstep from one scrape to the next. ``fleet`` makes
+a job of mixed load, as a serving fleet is: most machines idle, a rotating few busy
+(``fleet: {busy_share: 0.15, dwell_s: 300}``).
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from collectors.sim.kinds import (
     DEFAULT_FACTOR,
     GPU_FAULTS,
+    HALTING_FAULTS,
+    INTERMITTENT_MIN_FACTOR,
     MEMBERSHIP_CONFOUNDERS,
     NIC_FAULTS,
     RANK_FAULTS,
@@ -62,7 +72,7 @@ from collectors.sim.kinds import (
 )
 from collectors.sim.targets import resolve_confounder, resolve_fault
 from minder.core.errors import ScenarioError
-from minder.core.metrics import METRICS, metric_spec
+from minder.core.metrics import METRICS, DeviceFamily, metric_spec
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -77,6 +87,7 @@ __all__ = [
     "ConfounderType",
     "FaultSpec",
     "FaultType",
+    "FleetSpec",
     "JobSpec",
     "Scenario",
     "bundled_scenario",
@@ -138,6 +149,25 @@ def _choices(enum: type[StrEnum]) -> str:
     return ", ".join(member.value for member in enum)
 
 
+class FleetSpec(BaseModel):
+    """A job of mixed load, as a serving fleet: most machines idle, a rotating few busy.
+
+    Each machine is busy or idle by turns, for exponentially distributed spans drawn from the
+    seed: busy for ``dwell_s`` on average, idle long enough that ``busy_share`` of the machines
+    are busy at a time on average. A busy machine follows the job's rhythm at a duty cycle
+    drawn for each busy span (35-100 %); an idle one keeps its model in memory and runs nothing
+    (GPU utilisation 0, ~115 W). No label says which machine plays which part: a detector must
+    not take the busy few for faulty ones.
+    """
+
+    model_config = _STRICT
+
+    busy_share: float = Field(gt=0.0, lt=1.0, description="fraction of machines busy at a time")
+    dwell_s: float = Field(
+        default=300.0, ge=10.0, le=86_400.0, description="mean seconds a machine stays busy"
+    )
+
+
 class JobSpec(BaseModel):
     """One training job: its machines, layout and rhythm.
 
@@ -178,6 +208,15 @@ class JobSpec(BaseModel):
         description="synchronous training (every rank waits for the slowest each step); false: "
         "asynchronous or parameter-server training, each rank at its own pace",
     )
+    host_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.6,
+        description="share of each step spent host-bound (GPUs waiting together), at its start",
+    )
+    fleet: FleetSpec | None = Field(
+        default=None, description="mixed load: most machines idle, a rotating few busy"
+    )
 
     @field_validator("name", "machine_prefix")
     @classmethod
@@ -209,6 +248,18 @@ class JobSpec(BaseModel):
                 f"pp_stages {self.pp_stages} exceeds machines {self.machines}: expected at "
                 "least one machine per stage"
             )
+        if self.comm_fraction + self.host_fraction > 0.9:
+            raise ValueError(
+                f"comm_fraction {self.comm_fraction} + host_fraction {self.host_fraction} leave "
+                "less than 10 % of the step to compute: expected a sum of at most 0.9"
+            )
+        if self.fleet is not None and self.metrics is not None:
+            ranked = [m for m in self.metrics if METRICS[m].family is DeviceFamily.RANK]
+            if ranked:
+                raise ValueError(
+                    f"a fleet job emits no per-rank metrics (got {ranked}): its machines do not "
+                    "step together; expected GPU, NIC and host metrics only"
+                )
         if (
             self.checkpoint_every_s is not None
             and self.checkpoint_duration_s >= self.checkpoint_every_s
@@ -228,6 +279,8 @@ class JobSpec(BaseModel):
     def metric_names(self) -> tuple[str, ...]:
         """The metrics this job emits, in the canonical order of docs/architecture.md §3.1."""
         chosen = set(self.metrics if self.metrics is not None else DEFAULT_METRICS)
+        if self.fleet is not None:  # no steps to report (explicit ones are refused)
+            chosen = {m for m in chosen if METRICS[m].family is not DeviceFamily.RANK}
         return tuple(name for name in METRICS if name in chosen)
 
     def machine_names(self) -> list[str]:
@@ -302,6 +355,12 @@ class FaultSpec(_Injection):
         description="slow_group: a count of machines drawn from the seed, or a list of indices "
         "and names; default 3 drawn",
     )
+    halt_after_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="fail-stop faults: the job halts this long after the onset (every machine "
+        "idles alike after it); the fault lasts until then",
+    )
 
     @field_validator("type", mode="before")
     @classmethod
@@ -345,11 +404,31 @@ class FaultSpec(_Injection):
                 f"{self.type.value} takes no device (got {self.device!r}): devices are for "
                 f"{', '.join(sorted(t.value for t in GPU_FAULTS | NIC_FAULTS | RANK_FAULTS))}"
             )
+        if self.halt_after_s is not None:
+            if self.type not in HALTING_FAULTS:
+                raise ValueError(
+                    f"halt_after_s is for {', '.join(sorted(t.value for t in HALTING_FAULTS))}, "
+                    f"not {self.type.value}"
+                )
+            if self.duration_s is not None:
+                raise ValueError(
+                    f"{self.type.value} got both duration_s {self.duration_s!r} and halt_after_s "
+                    f"{self.halt_after_s!r}: expected one of them (the fault lasts until the halt)"
+                )
         self._check_straggler_fields()
         return self
 
     def _check_straggler_fields(self) -> None:
         kind = self.type
+        if (
+            kind is FaultType.INTERMITTENT_STRAGGLER
+            and self.factor is not None
+            and self.factor < INTERMITTENT_MIN_FACTOR
+        ):
+            raise ValueError(
+                f"intermittent_straggler factor {self.factor} is below "
+                f"{INTERMITTENT_MIN_FACTOR}: expected peaks well above its 1.0-1.3x dips"
+            )
         if self.factor is not None and kind not in STRAGGLER_FAULTS:
             raise ValueError(
                 f"factor is for {', '.join(sorted(t.value for t in STRAGGLER_FAULTS))}, not "

@@ -130,7 +130,12 @@ def _gpu_memory(inputs: SignalInputs) -> np.ndarray:
 
 def _throttle_reasons(inputs: SignalInputs) -> np.ndarray:
     states = inputs.gpu_states
-    idle = states[..., State.CHECKPOINT] + states[..., State.DATA_WAIT] + states[..., State.OFF]
+    idle = (
+        states[..., State.CHECKPOINT]
+        + states[..., State.DATA_WAIT]
+        + states[..., State.OFF]
+        + states[..., State.HOST]
+    )
     return np.where(idle > 0.5, float(ph.THROTTLE_REASON_IDLE), 0.0)
 
 
@@ -161,11 +166,14 @@ def _busy_seconds(inputs: SignalInputs) -> np.ndarray:
     and for a rank the others wait for (a hot GPU) its time in the wait phase too."""
     timeline, t = inputs.timeline, inputs.sample_end
     completed = Completed(timeline.it_end)
-    compute = completed.interval_mean(timeline.it_compute, t)
-    through_wait = completed.interval_mean(timeline.it_compute + timeline.it_wait, t)
+    # The host-bound phase is busy time too (no collective); zeros without host_fraction.
+    compute = completed.interval_mean(timeline.it_host + timeline.it_compute, t)
+    through_wait = completed.interval_mean(
+        timeline.it_host + timeline.it_compute + timeline.it_wait, t
+    )
     out = np.where(inputs.rank_waits, compute[:, :, None], through_wait[:, :, None])
     for pace in inputs.paces:
-        _fill(out, pace.cells, pace.completed.interval_mean(pace.busy, t))
+        _fill(out, pace.cells, pace.completed.interval_mean(timeline.it_host + pace.busy, t))
     return out
 
 

@@ -10,9 +10,13 @@ import numpy as np
 
 from collectors.sim.kinds import (
     DEFAULT_GROUP_SIZE,
+    DEFAULT_INTERMITTENT_STEPS,
     DEFAULT_PERIOD_S,
     DEFAULT_TRANSIENT_STEPS,
     GPU_FAULTS,
+    INTERMITTENT_DIP_CHANCE,
+    INTERMITTENT_DIPS,
+    INTERMITTENT_PEAKS,
     MEMBERSHIP_CONFOUNDERS,
     NIC_FAULTS,
     RANK_FAULTS,
@@ -57,6 +61,11 @@ class Target:
         Stragglers and ``job_wide_slowdown``: the spans ``(start, end)`` in which the ranks are
         slow (one, or a ``flapping_worker``'s slow turns); the last ends at ``inf`` when the
         injection does not clear before the scenario's end.
+    step_factors
+        ``intermittent_straggler``: the compute factor of each of the slow ranks' steps that
+        start within the slow span, in order (peaks with single dips between them).
+    halts
+        The job halts at ``end_s`` (a fault with ``halt_after_s`` that ends in the scenario).
     """
 
     job: int
@@ -71,6 +80,8 @@ class Target:
     goodbye: bool = False
     ranks: tuple[int, ...] = ()
     slow_spans: tuple[tuple[float, float], ...] = ()
+    step_factors: tuple[float, ...] = ()
+    halts: bool = False
 
 
 def resolve_fault(scenario: Scenario, index: int) -> Target:
@@ -81,7 +92,10 @@ def resolve_fault(scenario: Scenario, index: int) -> Target:
     rng = np.random.default_rng([scenario.seed, _FAULT_STREAM, index])
     if spec.type in STRAGGLER_FAULTS:
         return _straggler(scenario, spec, job_index, job, rng, where)
-    start, end, clears = _span(scenario, spec.start_s, spec.duration_s, where)
+    halt = spec.halt_after_s
+    length = halt if halt is not None else spec.duration_s
+    start, end, clears = _span(scenario, spec.start_s, length, where)
+    halts = halt is not None and clears
     if spec.type is FaultType.SWITCH_REBOOT:
         if spec.domain is not None:
             if spec.domain not in job.domains():
@@ -101,7 +115,8 @@ def resolve_fault(scenario: Scenario, index: int) -> Target:
         gpus = _devices(spec.device, job.gpu_names(), rng, f"{where}.device", "GPU")
     elif spec.type in NIC_FAULTS:
         nics = _devices(spec.device, job.nic_names(), rng, f"{where}.device", "NIC")
-    return Target(job_index, (machine,), gpus, nics, job.domain_of(machine), start, end, clears)
+    domain = job.domain_of(machine)
+    return Target(job_index, (machine,), gpus, nics, domain, start, end, clears, halts=halts)
 
 
 def resolve_confounder(scenario: Scenario, index: int) -> Target:
@@ -140,6 +155,12 @@ def _straggler(
     duration = spec.duration_s
     if kind is FaultType.TRANSIENT_STRAGGLER and duration is None:
         duration = DEFAULT_TRANSIENT_STEPS * job.step_time_s
+    step_factors: tuple[float, ...] = ()
+    if kind is FaultType.INTERMITTENT_STRAGGLER:
+        longest = scenario.duration_s - spec.start_s if duration is None else duration
+        step_factors = _intermittent_factors(job, spec.factor_in_effect, longest, rng)
+        if duration is None:
+            duration = _steps_length(job, step_factors[:DEFAULT_INTERMITTENT_STEPS])
     start, end, clears = _span(scenario, spec.start_s, duration, where)
     every_rank = tuple(range(job.gpus_per_machine))
     ranks = every_rank
@@ -165,7 +186,37 @@ def _straggler(
         clears,
         ranks=ranks,
         slow_spans=spans,
+        step_factors=step_factors,
     )
+
+
+def _intermittent_factors(
+    job: JobSpec, factor: float, span_s: float, rng: np.random.Generator
+) -> tuple[float, ...]:
+    """The compute factor of each step of an ``intermittent_straggler``: peaks of ``0.85`` to
+    ``1.2`` times ``factor``, each followed by a single dip of 1.0-1.3x with chance
+    :data:`INTERMITTENT_DIP_CHANCE` (else by another peak), starting with a peak; enough of
+    them for every step that can start in ``span_s`` (an evaluation step is 0.4 of a nominal one,
+    half of it at the shortest jitter; the sequence is read cyclically past its end anyway)."""
+    count = min(200_000, math.ceil(max(span_s, 1.0) / (0.2 * job.step_time_s)) + 2)
+    low, high = INTERMITTENT_PEAKS
+    peaks = rng.uniform(low * factor, high * factor, count)
+    dips = rng.uniform(*INTERMITTENT_DIPS, count)
+    follow = rng.random(count) < INTERMITTENT_DIP_CHANCE
+    out: list[float] = []
+    dip = False
+    for k in range(count):
+        out.append(float(dips[k] if dip else peaks[k]))
+        dip = not dip and bool(follow[k])
+    return tuple(round(f, 4) for f in out)
+
+
+def _steps_length(job: JobSpec, factors: tuple[float, ...]) -> float:
+    """Nominal seconds of steps whose compute takes ``factors`` times longer (a synchronous
+    job's steps, or the slow rank's own)."""
+    compute = job.step_time_s * (1.0 - job.comm_fraction - job.host_fraction)
+    rest = job.step_time_s - compute
+    return round(sum(compute * f + rest for f in factors), 1)
 
 
 def _stage(job: JobSpec, spec: FaultSpec, rng: np.random.Generator, where: str) -> str:

@@ -6,6 +6,10 @@ spent in each phase during any one-second interval is a difference of the phase'
 time, a piecewise-linear function of time (``np.interp``), so a 1 Hz sample is the average over
 its interval, as DCGM reports it, with phases partly overlapping seconds.
 
+A step is an optional host-bound phase (``JobSpec.host_fraction``: the GPUs wait together while
+the host prepares the next batch or runs an offloaded optimiser), compute, a wait for the slowest
+rank, and communication.
+
 Ranks slowed by a straggler injection get a :class:`RankPace` of their own: in a synchronous job
 their steps are the job's (the job waits for the slowest) with a longer busy time and a shorter
 wait in the collective; in an asynchronous one they run their own, longer steps and fall behind.
@@ -49,6 +53,9 @@ class JobEffects:
     rank_slowdowns
         Ranks whose compute is slower than their peers' (stragglers); in a synchronous job each
         of their slow spans is a stretch too.
+    step_stretches
+        ``(start, end, factors)``: as ``stretches``, with a factor of its own for each step
+        that starts in the span, in order (an intermittent straggler of a synchronous job).
     """
 
     stalls: list[tuple[float, float]] = field(default_factory=list)
@@ -58,6 +65,7 @@ class JobEffects:
     evals: list[tuple[float, float]] = field(default_factory=list)
     compute_factors: list[tuple[float, float, float]] = field(default_factory=list)
     rank_slowdowns: list[RankSlowdown] = field(default_factory=list)
+    step_stretches: list[tuple[float, float, tuple[float, ...]]] = field(default_factory=list)
 
     def comm_factor_at(self, t: np.ndarray) -> np.ndarray:
         """Product of the communication slow-downs active at times ``t``."""
@@ -112,12 +120,22 @@ class RankSlowdown:
         ``(start, end)`` in which they are slow (``end`` may be ``inf``).
     factor
         How many times longer their compute (busy time) takes.
+    step_factors
+        When given, the factor of each of their steps that starts in a span, in order (read
+        cyclically), instead of ``factor``.
     """
 
     machines: tuple[int, ...]
     ranks: tuple[int, ...]
     spans: tuple[tuple[float, float], ...]
     factor: float
+    step_factors: tuple[float, ...] = ()
+
+    def step_factor(self, index: int) -> float:
+        """The factor of the ``index``-th step (from 0) that starts in the slow spans."""
+        if not self.step_factors:
+            return self.factor
+        return self.step_factors[index % len(self.step_factors)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +152,8 @@ class Timeline:
         Step start and completion times; ``inf`` for a step cut by a stall (never completed).
     it_compute, it_wait, it_comm
         Length of each step's phases.
+    it_host
+        Length of each step's host-bound phase (its first; zeros without ``host_fraction``).
     nominal_step_s, nominal_comm_s
         The undisturbed step and communication times.
     """
@@ -147,6 +167,7 @@ class Timeline:
     it_comm: np.ndarray
     nominal_step_s: float
     nominal_comm_s: float
+    it_host: np.ndarray
 
     def phase_fractions(self, edges: np.ndarray) -> np.ndarray:
         """Fraction of each interval spent in each phase.
@@ -189,7 +210,7 @@ class Timeline:
         last_own = _forward_fill_previous(
             np.where(complete, self.it_comm, np.inf), self.nominal_comm_s
         )
-        entered = self.it_start + self.it_compute
+        entered = self.it_start + self.it_host + self.it_compute
         running_with = np.maximum(last_with[j], t - entered[j])
         running_own = np.maximum(last_own[j], t - entered[j] - self.it_wait[j])
         finished = np.where(waits, with_wait[j], self.it_comm[j])
@@ -304,8 +325,11 @@ def build_paces(
         if not key.any():
             continue
         cells = (inverse == u).reshape(machines, gpus)
-        edges, factors = _piecewise([slowdowns[k] for k in np.flatnonzero(key)])
-        paces.append(_pace(timeline, cells, edges, factors, sync))
+        acting = [slowdowns[k] for k in np.flatnonzero(key)]
+        steady = [sd for sd in acting if not sd.step_factors]
+        stepwise = [sd for sd in acting if sd.step_factors]
+        edges, factors = _piecewise(steady)
+        paces.append(_pace(timeline, cells, edges, factors, sync, stepwise))
     return tuple(paces)
 
 
@@ -313,6 +337,8 @@ def _piecewise(slowdowns: list[RankSlowdown]) -> tuple[np.ndarray, np.ndarray]:
     """``(edges, factors)``: the compute factor is ``factors[searchsorted(edges, t, 'right')]``
     (1 before the first edge), the largest factor of the spans holding ``t``."""
     edges = np.array(sorted({x for sd in slowdowns for span in sd.spans for x in span}))
+    if not len(edges):
+        return np.array([np.inf]), np.ones(2)
     factors = np.ones(len(edges) + 1)
     for k in range(len(edges)):
         t = edges[k]
@@ -321,12 +347,33 @@ def _piecewise(slowdowns: list[RankSlowdown]) -> tuple[np.ndarray, np.ndarray]:
     return edges, factors
 
 
+def _in_spans(spans: tuple[tuple[float, float], ...], t: np.ndarray) -> np.ndarray:
+    out = np.zeros(np.shape(t), dtype=bool)
+    for start, end in spans:
+        out |= (t >= start) & (t < end)
+    return out
+
+
 def _pace(
-    timeline: Timeline, cells: np.ndarray, edges: np.ndarray, factors: np.ndarray, sync: bool
+    timeline: Timeline,
+    cells: np.ndarray,
+    edges: np.ndarray,
+    factors: np.ndarray,
+    sync: bool,
+    stepwise: list[RankSlowdown] | None = None,
 ) -> RankPace:
+    """The steps of the ranks ``cells``: compute factors from the steady slowdowns
+    (``edges``/``factors``, by time) and the ``stepwise`` ones (a factor per step started in
+    their spans), the largest at each step."""
+    stepwise = stepwise or []
     compute = timeline.it_compute
     if sync:
         factor = factors[np.searchsorted(edges, timeline.it_start, side="right")]
+        for sd in stepwise:
+            inside = _in_spans(sd.spans, timeline.it_start)
+            order = np.cumsum(inside) - 1
+            own = np.asarray(sd.step_factors)[np.maximum(order, 0) % len(sd.step_factors)]
+            factor = np.where(inside, np.maximum(factor, own), factor)
         busy = compute * factor
         start, end = timeline.it_start, timeline.it_end
         complete = np.isfinite(end)
@@ -336,10 +383,16 @@ def _pace(
     starts: list[float] = []
     busies: list[float] = []
     lag = 0.0
+    counts = [0] * len(stepwise)
     # Sequential: whether a step is slow depends on when this rank, behind the job, starts it.
     for begin, own in zip(timeline.it_start.tolist(), compute.tolist(), strict=True):
         at = begin + lag
-        took = own * factor_list[bisect.bisect_right(edge_list, at)]
+        step_factor = factor_list[bisect.bisect_right(edge_list, at)]
+        for k, sd in enumerate(stepwise):
+            if any(s <= at < e for s, e in sd.spans):
+                step_factor = max(step_factor, sd.step_factor(counts[k]))
+                counts[k] += 1
+        took = own * step_factor
         starts.append(at)
         busies.append(took)
         lag += took - own
@@ -410,8 +463,9 @@ def build_timeline(
 ) -> Timeline:
     """Lay out the job's steps, checkpoints and stalls from ``t_begin`` to past ``t_end``.
 
-    A stall whose onset falls in a compute phase bites when that step's communication would
-    start (healthy machines finish computing first); one that falls in communication or a
+    A step's host-bound phase (``host_fraction``) comes first. A stall whose onset falls in a
+    host or compute phase bites when that step's communication would start (healthy machines
+    finish computing first); one that falls in communication or a
     checkpoint bites at once. Checkpoints start at the first step boundary after each multiple
     of ``checkpoint_every_s``.
     """
@@ -422,6 +476,7 @@ def build_timeline(
     computes: list[float] = []
     waits: list[float] = []
     comms: list[float] = []
+    hosts: list[float] = []
     stalls = effects.merged_stalls()
     next_stall = 0
     every = job.checkpoint_every_s
@@ -434,6 +489,8 @@ def build_timeline(
 
     conditions = _Conditions(effects)
     jitter = _Jitter(rng, STEP_JITTER * noise)
+    step_stretches = effects.step_stretches
+    started = [0] * len(step_stretches)  # steps started in each step stretch so far
     t = t_begin
     while t < t_end:
         while next_stall < len(stalls) and stalls[next_stall][1] <= t:
@@ -456,19 +513,27 @@ def build_timeline(
         step = job.step_time_s * (EVAL_STEP_FACTOR if evaluating else 1.0)
         comm_fraction = EVAL_COMM_FRACTION if evaluating else job.comm_fraction
         draws = jitter.next()
-        compute = step * (1.0 - comm_fraction) * max(draws[0], 0.5)
+        # host_fraction 0 leaves (1 - comm_fraction) exactly as it was: the same floats.
+        compute = step * (1.0 - comm_fraction - job.host_fraction) * max(draws[0], 0.5)
+        host = step * job.host_fraction * max(draws[0], 0.5)
         if compute_factor != 1.0:
             compute *= compute_factor
+        for k, (s_start, s_end, factors) in enumerate(step_stretches):
+            if s_start <= t < s_end:
+                stretch = max(stretch, factors[started[k] % len(factors)])
+                started[k] += 1
         wait = compute * (stretch - 1.0) + data_wait
         comm = step * comm_fraction * comm_factor * max(draws[1], 0.5)
         starts.append(t)
         computes.append(compute)
         waits.append(wait)
         comms.append(comm)
-        comm_start = t + compute + wait
+        hosts.append(host)
+        comm_start = t + host + compute + wait
         if stall[0] < comm_start + comm:
             hang = max(stall[0], comm_start)
             if hang < stall[1]:
+                add(Phase.HOST, host)
                 add(Phase.COMPUTE, compute)
                 add(Phase.WAIT, wait)
                 add(Phase.COMM, hang - comm_start)
@@ -479,6 +544,7 @@ def build_timeline(
                 next_stall += 1
                 continue
             next_stall += 1  # over before it could bite
+        add(Phase.HOST, host)
         add(Phase.COMPUTE, compute)
         add(Phase.WAIT, wait)
         add(Phase.COMM, comm)
@@ -500,4 +566,5 @@ def build_timeline(
         it_comm=np.asarray(comms),
         nominal_step_s=job.step_time_s,
         nominal_comm_s=job.step_time_s * job.comm_fraction,
+        it_host=np.asarray(hosts),
     )

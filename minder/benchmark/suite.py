@@ -39,6 +39,19 @@ Suites
     job-wide slowdown (everyone slower is no straggler) or the usual confounders (checkpoints,
     evaluation phases, blips, agent restarts, membership changes). Each straggler's label
     carries the slowdown S it causes (``slowdown``, :func:`collectors.sim.scenario_labels`).
+``realism``
+    The patterns of real clusters that the other suites lack (:func:`_realism`), 27 jobs of
+    16-64 machines: fail-stop faults that end in a job halt 8-16 samples after their onset (a
+    NIC down, a GPU hung or lost to an XID; after the halt every machine idles alike), a leaf
+    switch that drops its 8 machines (links down or silent) and recovers, intermittent
+    stragglers (bursts of 1.7-2.4x steps with single steps back at 1.0-1.3x), two faults in one
+    job, some of them in jobs whose steps swing in lockstep; and fault-free backgrounds: idle-
+    heavy fleets of mixed load (most machines idle, a rotating few busy, no label saying which)
+    and jobs whose steps have a host-bound phase, so that gauges swing up to ~4x between
+    samples in lockstep across machines (``JobSpec.host_fraction``, with step periods that
+    divide the coarse scrape intervals, read at a fixed phase, and periods that do not). Fault
+    durations are at least :data:`MIN_FAULT_SAMPLES` samples at the suite's interval, onsets
+    come after as many samples of warm-up, so the suite depends on ``interval_s``.
 """
 
 from __future__ import annotations
@@ -52,9 +65,9 @@ from typing import Any
 import numpy as np
 
 from collectors.sim import FaultType, Scenario
-from collectors.sim.scenario import STRAGGLER_METRICS
+from collectors.sim.scenario import DEFAULT_METRICS, STRAGGLER_METRICS
 
-SUITES: tuple[str, ...] = ("quick", "standard", "full", "stragglers")
+SUITES: tuple[str, ...] = ("quick", "standard", "full", "stragglers", "realism")
 
 TABLE1_SHARES: dict[FaultType, float] = {
     FaultType.ECC_ERROR: 38.9,
@@ -90,6 +103,7 @@ STRAGGLERS: frozenset[str] = frozenset(
 FAIL_SLOW: frozenset[str] = (
     frozenset({"pcie_downgrade", "nvlink_error", "aoc_error", "hdfs_error", "thermal_throttle"})
     | STRAGGLERS
+    | {"intermittent_straggler"}  # of the realism suite
 )
 """Faults that only slow the job down."""
 
@@ -103,7 +117,7 @@ WARM_UP_S = 120
 _STANDARD_FAULTS = 60
 _STANDARD_SIZES = (8, 16, 16, 32, 32, 64, 64, 128, 128, 256, 512)
 """Sizes of the faulty jobs of ``standard``, cycled then shuffled (more small jobs than big)."""
-_STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3, "stragglers": 6}
+_STREAMS = {"quick": 1, "standard": 2, "full": 2, "train": 3, "stragglers": 6, "realism": 7}
 """``full`` shares ``standard``'s stream, so its first cases are exactly ``standard``'s."""
 _FULL_STREAM = 4
 _MEMBERSHIP_STREAM = 5
@@ -193,11 +207,13 @@ def build_suite(name: str = "standard", seed: int = 0, interval_s: int = 1) -> l
         raise ValueError(
             f"seed={seed!r}, interval_s={interval_s!r}: expected seed >= 0 and interval_s >= 1"
         )
-    prefix = {"quick": "q", "stragglers": "st"}.get(name, "s")
+    prefix = {"quick": "q", "stragglers": "st", "realism": "r"}.get(name, "s")
     builder = _Builder(seed, _STREAMS[name], prefix=prefix)
     builder.min_post_s = POST_SAMPLES * interval_s
     if name == "quick":
         return _quick(builder)
+    if name == "realism":
+        return _realism(builder, interval_s)
     if name == "stragglers":
         return _stragglers(builder)
     cases = _standard(builder)
@@ -378,6 +394,80 @@ def _stragglers(b: _Builder) -> list[BenchCase]:
         else:
             slowdown = kind == "job_wide_slowdown"
             cases.append(b.straggler_free(machines, rhythm, sync, slowdown=slowdown, **options))
+    return cases
+
+
+MIN_FAULT_SAMPLES = 8
+"""``realism``: a fault lasts at least this many samples at the suite's interval (when its class
+allows it), and starts after at least as many samples of the fault-free job."""
+HALT_SAMPLES = (8, 16)
+"""``realism``: a halting fault halts the job this many samples after its onset (drawn)."""
+DOMAIN_DROP_S = 120.0
+"""``realism``: a leaf switch drops its machines this long (or :data:`MIN_FAULT_SAMPLES`
+samples, whichever is longer)."""
+LOCKSTEP_STEPS_S: tuple[float, ...] = (20.0, 30.0, 45.0, 90.0, 150.0)
+"""Step periods of the ``realism`` suite's lockstep jobs: 20 and 30 s divide the 60 s scrape
+(read at a fixed phase), 45 s turns through its phases, 90 and 150 s outlast the scrape so
+that even averaged rates swing."""
+REALISM_METRICS: tuple[str, ...] = tuple(dict.fromkeys((*DEFAULT_METRICS, *STRAGGLER_METRICS)))
+"""What the ``realism`` jobs that may hold a straggler emit: the default metrics and the
+per-rank straggler signals."""
+BACKGROUND_S = 900
+"""Length of the ``realism`` suite's fault-free backgrounds."""
+INTERMITTENT_MEAN = 1.65
+"""About the mean compute factor of an intermittent straggler's steps (peaks and dips), to
+size its cases."""
+
+_RealismFault = tuple[str, int, str]
+"""``(kind, machines, background)`` of one halting or intermittent case of :func:`_realism`."""
+_HALTING: tuple[_RealismFault, ...] = (
+    ("nic_down", 16, "lockstep"),
+    ("nic_down", 32, "plain"),
+    ("nic_down", 16, "plain"),
+    ("gpu_execution_error", 16, "plain"),
+    ("gpu_execution_error", 32, "lockstep"),
+    ("gpu_xid", 16, "lockstep"),
+    ("ecc_error", 32, "plain"),
+)
+_INTERMITTENT: tuple[tuple[int, bool, str], ...] = (
+    (16, True, "plain"),
+    (16, True, "lockstep"),
+    (32, True, "plain"),
+    (32, False, "plain"),
+)
+_PAIRS: tuple[tuple[int, str, str], ...] = (
+    (16, "pcie_downgrade", "ecc_error"),
+    (32, "thermal_throttle", "nic_down"),
+    (32, "aoc_error", "intermittent_straggler"),
+    (16, "nvlink_error", "gpu_execution_error"),
+)
+"""Two faults in one job: a fail-slow one first, another on another machine later."""
+_BACKGROUNDS: tuple[tuple[str, int, float, tuple[str, ...]], ...] = (
+    ("fleet", 32, 0.1, ("late_join",)),
+    ("fleet", 48, 0.15, ("scale_down_silent", "job_end_goodbye")),
+    ("fleet", 64, 0.2, ()),
+    ("lockstep", 16, 30.0, ("rolling_restart",)),
+    ("lockstep", 32, 45.0, ("scale_down_goodbye",)),
+    ("lockstep", 32, 150.0, ("job_end_silent",)),
+    ("lockstep", 16, 20.0, ()),
+    ("lockstep", 48, 90.0, ("late_join",)),
+)
+"""Fault-free backgrounds: ``(kind, machines, busy share or step period, membership)``."""
+
+
+def _realism(b: _Builder, interval_s: int) -> list[BenchCase]:
+    cases = [b.halting(kind, size, background, interval_s) for kind, size, background in _HALTING]
+    for size, silent in ((32, False), (32, True), (24, False), (48, True)):
+        cases.append(b.domain_recovery(size, silent=silent, interval_s=interval_s))
+    for size, sync, background in _INTERMITTENT:
+        cases.append(b.intermittent(size, sync, background, interval_s))
+    for size, first, second in _PAIRS:
+        cases.append(b.two_faults(size, first, second, interval_s))
+    for kind, size, value, moves in _BACKGROUNDS:
+        if kind == "fleet":
+            cases.append(b.fleet(size, value, membership=moves))
+        else:
+            cases.append(b.lockstep(size, value, membership=moves))
     return cases
 
 
@@ -709,6 +799,229 @@ class _Builder:
             [*kinds, *(t for _, t in moves)]
         )
         return BenchCase(name, scenario, None, machines, duration, True, text)
+
+    # -- the realism suite -------------------------------------------------------------------
+
+    def _realism_onset(self, interval_s: int) -> float:
+        """A fault's start, in whole seconds: after the warm-up and at least
+        :data:`MIN_FAULT_SAMPLES` samples of the healthy job, within 5 minutes more."""
+        settled = max(WARM_UP_S, MIN_FAULT_SAMPLES * interval_s)
+        return float(settled + int(self.rng.integers(0, 301)))
+
+    def _realism_job(
+        self, name: str, machines: int, background: str, *, stragglers: bool = False
+    ) -> dict[str, Any]:
+        """A job as :meth:`_job` draws it; ``lockstep``: steps with a host-bound phase
+        (:meth:`_make_lockstep`); ``stragglers``: with the per-rank signals."""
+        job = self._job(name, machines)
+        if background == "lockstep":
+            self._make_lockstep(job, float(self.rng.choice(LOCKSTEP_STEPS_S[:2])))
+        if stragglers:
+            job["metrics"] = list(REALISM_METRICS)
+        return job
+
+    def _make_lockstep(self, job: dict[str, Any], step_s: float) -> None:
+        """Steps of ``step_s`` whose first 20-35 % is host-bound (every GPU waits together:
+        power and utilisation fall ~4x, NVLink and RDMA more) and 20-35 % communication;
+        checkpoints, if any, at most every 10 steps."""
+        job["step_time_s"] = step_s
+        job["host_fraction"] = round(self._u(0.2, 0.35), 3)
+        job["comm_fraction"] = round(self._u(0.2, 0.35), 3)
+        if "checkpoint_every_s" in job:
+            job["checkpoint_every_s"] = max(job["checkpoint_every_s"], 10 * step_s)
+
+    def _realism_duration(self, end_s: float, interval_s: int) -> int:
+        """Whole minutes past ``end_s`` (a fault's last effect) by the slack of a coarse
+        cadence and the suite's post-onset minimum."""
+        return 60 * math.ceil((end_s + max(180.0, 6.0 * interval_s)) / 60)
+
+    def halting(self, kind: str, machines: int, background: str, interval_s: int) -> BenchCase:
+        """A fail-stop ``kind`` that halts the job 8-16 samples (:data:`HALT_SAMPLES`) after
+        its onset; ``background`` ``plain`` or ``lockstep``."""
+        rng = self.rng
+        name = self._name(f"{kind}_halt", machines)
+        job = self._realism_job(name, machines, background)
+        start = self._realism_onset(interval_s)
+        samples = int(rng.integers(HALT_SAMPLES[0], HALT_SAMPLES[1] + 1))
+        halt = float(samples * interval_s)
+        fault: dict[str, Any] = {
+            "type": kind,
+            "machine": int(rng.integers(machines)),
+            "start_s": start,
+            "halt_after_s": halt,
+        }
+        if kind == "nic_down":
+            fault["device"] = _nic(self)
+        elif kind != "cuda_execution_error":
+            fault["device"] = _gpu(self)
+        duration = self._realism_duration(start + halt, interval_s)
+        duration = 60 * math.ceil(max(duration, start + self.min_post_s) / 60)
+        confounders = self._confounders(machines, duration, blips=int(rng.integers(0, 3)),
+                                        restarts=0)  # fmt: skip
+        scenario = self._scenario(job, duration, faults=[fault], confounders=confounders)
+        text = (
+            f"{fault.get('device', '')} on machine {fault['machine']}, start {start:.0f} s, job "
+            f"halts {samples} samples later ({halt:.0f} s), {background}"
+        )
+        return BenchCase(name, scenario, kind, machines, duration, False, text)
+
+    def domain_recovery(self, machines: int, *, silent: bool, interval_s: int) -> BenchCase:
+        """A leaf switch of 8 machines drops them (links down, or ``silent``) for
+        :data:`DOMAIN_DROP_S` (at least :data:`MIN_FAULT_SAMPLES` samples) and recovers; the
+        job stalls meanwhile and then computes again."""
+        name = self._name("switch_reboot", machines)
+        job = self._job(name, machines)
+        job["machines_per_domain"] = 8
+        start = self._realism_onset(interval_s)
+        length = max(DOMAIN_DROP_S, float(MIN_FAULT_SAMPLES * interval_s))
+        domain = f"leaf-{int(self.rng.integers(machines // 8)):02d}"
+        fault = {
+            "type": "switch_reboot",
+            "domain": domain,
+            "start_s": start,
+            "duration_s": length,
+            "silent": silent,
+        }
+        duration = self._realism_duration(start + length + 240.0, interval_s)
+        duration = 60 * math.ceil(max(duration, start + self.min_post_s) / 60)
+        scenario = self._scenario(job, duration, faults=[fault])
+        how = "silent" if silent else "links down"
+        text = f"{domain} (8 machines) {how} for {length:.0f} s then back, start {start:.0f} s"
+        return BenchCase(name, scenario, "switch_reboot", machines, duration, False, text)
+
+    def _intermittent_fault(
+        self, job: dict[str, Any], machine: int, start: float, interval_s: int
+    ) -> tuple[dict[str, Any], str]:
+        """An ``intermittent_straggler`` entry on ``machine``, for 20 of its slowed steps or
+        :data:`MIN_FAULT_SAMPLES` samples, whichever is longer."""
+        step, comm = job["step_time_s"], job["comm_fraction"]
+        rest = comm + job.get("host_fraction", 0.0)
+        slow_step = step * ((1.0 - rest) * INTERMITTENT_MEAN + rest)
+        length = round(max(20 * slow_step, float(MIN_FAULT_SAMPLES * interval_s)), 1)
+        fault: dict[str, Any] = {
+            "type": "intermittent_straggler",
+            "machine": machine,
+            "start_s": start,
+            "duration_s": length,
+        }
+        steps = length / slow_step
+        text = f"intermittent on machine {fault['machine']} for {length:.0f} s (~{steps:.0f} steps)"
+        return fault, text
+
+    def intermittent(
+        self, machines: int, sync: bool, background: str, interval_s: int
+    ) -> BenchCase:
+        """An intermittent straggler (peaks of 1.7-2.4x with single steps back at 1.0-1.3x)
+        in a job of ``machines``, synchronous or not."""
+        name = self._name("intermittent_straggler", machines)
+        job = self._realism_job(name, machines, background, stragglers=True)
+        job["sync"] = sync
+        start = self._realism_onset(interval_s)
+        machine = int(self.rng.integers(machines))
+        fault, what = self._intermittent_fault(job, machine, start, interval_s)
+        end = start + fault["duration_s"]
+        duration = 60 * math.ceil(max(self._realism_duration(end, interval_s),
+                                      start + self.min_post_s) / 60)  # fmt: skip
+        confounders = self._confounders(machines, duration, blips=int(self.rng.integers(0, 3)),
+                                        restarts=0)  # fmt: skip
+        scenario = self._scenario(job, duration, faults=[fault], confounders=confounders)
+        mode = "sync" if sync else "async"
+        text = f"{what}, {mode}, step {job['step_time_s']:g} s, start {start:.0f} s, {background}"
+        return BenchCase(name, scenario, "intermittent_straggler", machines, duration, False, text)
+
+    def two_faults(self, machines: int, first: str, second: str, interval_s: int) -> BenchCase:
+        """Two faults in one job on two machines: fail-slow ``first`` for 5 minutes (at least
+        10 samples), ``second`` from 8-16 samples (at least a minute) after its onset, for its
+        class's length (a fail-stop to the end, an intermittent straggler its 20 steps). The
+        case's ``fault`` is ``first``; the labels hold both."""
+        rng = self.rng
+        name = self._name(f"{first}_and_{second}", machines)
+        job = self._realism_job(
+            name, machines, "plain", stragglers=second == "intermittent_straggler"
+        )
+        mild = _mild(first.replace("_", " "), _gpu, 0.5, 1.0)
+        one, one_text = _FAULTS.get(FaultType(first), mild)(self, machines)
+        start = self._realism_onset(interval_s)
+        length = float(max(300, 10 * interval_s))
+        m1, m2 = (int(m) for m in rng.choice(machines, size=2, replace=False))
+        one.update({"type": first, "machine": m1, "start_s": start, "duration_s": length})
+        gap = max(60.0, float(int(rng.integers(8, 17)) * interval_s))
+        later = start + gap
+        if second == "intermittent_straggler":
+            two, two_text = self._intermittent_fault(job, m2, later, interval_s)
+            end = later + two["duration_s"]
+        else:
+            two, two_text = _FAULTS[FaultType(second)](self, machines)
+            two.update({"type": second, "machine": m2, "start_s": later})
+            end = later + MIN_FAULT_SAMPLES * interval_s
+        end = max(end, start + length)
+        duration = 60 * math.ceil(max(self._realism_duration(end, interval_s),
+                                      later + self.min_post_s) / 60)  # fmt: skip
+        scenario = self._scenario(job, duration, faults=[one, two])
+        text = (
+            f"{first}: {one_text}, machine {m1}, start {start:.0f} s for {length:.0f} s; "
+            f"{second}: {two_text}, machine {m2}, start {later:.0f} s"
+        )
+        return BenchCase(name, scenario, first, machines, duration, False, text)
+
+    def _background(
+        self,
+        name: str,
+        job: dict[str, Any],
+        machines: int,
+        membership: tuple[str, ...],
+        what: str,
+    ) -> BenchCase:
+        """A fault-free case of ``job``: 15 minutes at every interval (15 samples at 60 s, so
+        that its draws, and every later case's, do not depend on the interval), blips, agent
+        restarts, lost and late samples, and the ``membership`` confounders named."""
+        rng = self.rng
+        duration = BACKGROUND_S
+        job["missing_rate"] = float(rng.choice([0.001, 0.005]))
+        job["late_rate"] = float(rng.choice([0.001, 0.005]))
+        minutes = duration / 60
+        confounders = self._confounders(
+            machines,
+            duration,
+            blips=max(2, round(minutes / 5)),
+            restarts=max(1, round(minutes / 10)),
+        )
+        moves = self._membership(
+            membership, machines, job["pp_stages"], duration, _crashing(confounders)
+        )
+        confounders += [entry for entry, _text in moves]
+        scenario = self._scenario(job, duration, confounders=confounders)
+        text = ", ".join([what, "blip", "agent_restart", *(t for _, t in moves)])
+        return BenchCase(name, scenario, None, machines, duration, True, text)
+
+    def fleet(
+        self, machines: int, busy_share: float, membership: tuple[str, ...] = ()
+    ) -> BenchCase:
+        """A fault-free idle-heavy fleet of mixed load: ``busy_share`` of the machines busy at a
+        time on average (a rotating few, 2-10 minutes each), the rest idle; one peer group, no
+        label saying who is busy; short, communication-light steps; no checkpoints."""
+        name = self._name("idle_fleet", machines)
+        job = self._job(name, machines, pp_stages=1)
+        job.pop("checkpoint_every_s", None)
+        job.pop("checkpoint_duration_s", None)
+        job["step_time_s"] = round(self._u(1.0, 3.0), 2)
+        job["comm_fraction"] = round(self._u(0.05, 0.15), 3)
+        dwell = float(self.rng.integers(120, 601))
+        job["fleet"] = {"busy_share": busy_share, "dwell_s": dwell}
+        what = f"idle fleet, {busy_share:.0%} busy at a time for {dwell:.0f} s on average"
+        return self._background(name, job, machines, membership, what)
+
+    def lockstep(self, machines: int, step_s: float, membership: tuple[str, ...] = ()) -> BenchCase:
+        """A fault-free job whose ``step_s`` steps open with a host-bound phase: gauges swing
+        up to ~4x between samples, in lockstep across machines."""
+        name = self._name("lockstep", machines)
+        job = self._job(name, machines)
+        self._make_lockstep(job, step_s)
+        what = (
+            f"lockstep phases, step {step_s:g} s, host {job['host_fraction']:.0%}, "
+            f"comm {job['comm_fraction']:.0%}, pp{job['pp_stages']}"
+        )
+        return self._background(name, job, machines, membership, what)
 
     def _membership(
         self,

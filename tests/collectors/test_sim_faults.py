@@ -263,6 +263,15 @@ def check_transient_straggler(r: Run) -> None:
     assert (after[FAULTY] / after.drop(columns=FAULTY).median(axis=1)).max() < 1.05
 
 
+def check_intermittent_straggler(r: Run) -> None:
+    # ~20 of its steps (4 s nominal, ~1.65x compute on average: ~110 s), peaks and single dips.
+    assert_stragglers(r, [FAULTY], hi=ONSET + 100)
+    busy = r.values("train_busy_seconds")
+    ratio = busy[FAULTY] / busy.drop(columns=FAULTY).median(axis=1)
+    during = ratio.loc[ONSET + 10 : ONSET + 100]
+    assert during.max() > 1.7 and during.min() < 1.35  # bursts and steps back
+
+
 def check_slow_stage(r: Run) -> None:
     assert_stragglers(r, [f"j-n{i:04d}" for i in range(6)])  # pp0, the faulty machine's
 
@@ -298,6 +307,7 @@ CASES: dict[FaultType, tuple[dict[str, Any], Callable[[Run], None]]] = {
     FaultType.SLOW_STAGE: ({}, check_slow_stage),
     FaultType.FLAPPING_WORKER: ({"period_s": 20}, check_flapping_worker),
     FaultType.SLOW_GROUP: ({"machines": [1, 5, 9]}, check_slow_group),
+    FaultType.INTERMITTENT_STRAGGLER: ({}, check_intermittent_straggler),
 }
 
 
