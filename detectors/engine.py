@@ -36,6 +36,7 @@ from detectors.denoisers import Denoiser, denoiser_class
 from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
 from detectors.evidence import similarity_evidence
 from detectors.findings import Finding
+from detectors.halts import LOW_METRICS, HaltWatch
 from detectors.priority import MetricPriority
 from detectors.rules import cadence_for, evaluate_rules, job_quiet
 from detectors.scoring import (
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+HALT_LEAD_S = 5
+HALT_LEAD_SAMPLES = 3
+"""A machine named for stopping before its job halted was below its peers this long first."""
 _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 SCORERS: tuple[str, ...] = ("median", "pairwise")
 _COLLAPSING = frozenset({"mean", "median"})
@@ -159,6 +163,7 @@ class MinderDetector:
         self._too_few: tuple[int, int] | None = None
         self._coherence_horizon_s = cfg.coherence_horizon_s
         self.coherence = self._coherence(self.cadence)
+        self.halts = self._halt_watch(self.cadence)
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
 
@@ -189,6 +194,14 @@ class MinderDetector:
         self._coherence_horizon_s = int(ticks * cadence.interval_s)
         return PeerCoherence(cfg.coherence_share, cfg.coherence_min_outliers, ticks)
 
+    def _halt_watch(self, cadence: Cadence) -> HaltWatch:
+        """A machine must have stopped 5 s (3 samples at coarse sampling) before its peers: its
+        window mean is apart from theirs for that long plus the window less one evaluation (the
+        peers' means take a window to follow it down), and that run may end up to a window (plus
+        two ticks) before they read idle."""
+        lead = max(math.ceil(HALT_LEAD_S / cadence.interval_s - 1e-9), HALT_LEAD_SAMPLES)
+        return HaltWatch(lead + cadence.window - 1, cadence.window + 2)
+
     def _follow_cadence(self, window: JobWindow) -> None:
         """Take up the window's tick and series intervals when they change."""
         key = (window.tick_s, window.cadence_version)
@@ -207,6 +220,7 @@ class MinderDetector:
         if tick_changed:
             self.continuity = self._tracker(self.cadence)
             self.coherence = self._coherence(self.cadence)
+            self.halts = self._halt_watch(self.cadence)
             self._last_tick = self._last_scored = None
 
     def _metric_window(self, metric: str) -> int:
@@ -304,6 +318,7 @@ class MinderDetector:
             # The replay jumped a gap (or time went back): runs are not continuous any more.
             self.continuity.reset()
             self.coherence.reset()
+            self.halts = self._halt_watch(self.cadence)
         self._last_scored = tick
         active = window.active()
         comparisons = [(t, m) for t, m in peer_comparisons(window, cfg.min_group, active) if m.size]
@@ -357,10 +372,66 @@ class MinderDetector:
             result.z[~self._scored] = np.nan
             results.append((bucket, result))
         idle = idle_gpus(results, n)
+        findings += self._halt_culprits(window, now, results, idle)
         for bucket, result in results:
             findings += self._confirm(window, now, bucket, result, scores, idle)
         self.last_scores = scores
         return findings
+
+    def _halt_culprits(
+        self,
+        window: JobWindow,
+        now: int,
+        results: list[tuple[ScoreBucket, BlockScores]],
+        idle: np.ndarray,
+    ) -> list[Finding]:
+        """Machines that fell below their peers shortly before the whole job went idle
+        (:mod:`detectors.halts`): named at the halt, without waiting for continuity."""
+        cfg = self.config
+        low: list[tuple[str, np.ndarray, np.ndarray]] = []
+        where: dict[str, tuple[ScoreBucket, BlockScores, int]] = {}
+        for bucket, result in results:
+            for j, metric in enumerate(bucket.metrics):
+                if metric in LOW_METRICS:
+                    z = np.where(np.isfinite(result.z[:, j, :]), result.z[:, j, :], np.inf)
+                    device = z.argmin(axis=1)
+                    lowest = np.take_along_axis(z, device[:, None], axis=1)[:, 0]
+                    low.append((metric, np.where(np.isinf(lowest), np.nan, lowest), device))
+                    where[metric] = (bucket, result, j)
+        allowance = self.coherence.allowance(int(self._scored.sum()))
+        culprits = self.halts.update(
+            window.tick_of(now), low, cfg.threshold, self._scored, idle, allowance
+        )
+        out = []
+        for c in culprits:
+            if not self.coherence.comparable(c.metric):
+                continue
+            bucket, result, j = where[c.metric]
+            col = int(bucket.columns[j, c.device])
+            device = window.series[col][1]
+            out.append(
+                Finding(
+                    machine=c.machine,
+                    kind=AlertKind.SIMILARITY,
+                    family="similarity",
+                    metric=c.metric,
+                    score=abs(c.z),
+                    first_sec=int(
+                        (c.end_tick - c.run + 1 - self.cadence.window // 2) * window.tick_s
+                    ),
+                    devices=(device,) if device else (),
+                    evidence={
+                        "col": col,
+                        "z": round(c.z, 3),
+                        "peer_median": float(result.medians[c.machine, j]),
+                        "scale": float(result.scales[c.machine, j]),
+                        "threshold": cfg.threshold,
+                        "stopped_before_halt": True,
+                        "lead_s": c.run * window.tick_s,
+                    },
+                )
+            )
+        return out
 
     def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Mixed cadences: each coarse series' sample stands for its whole interval (held

@@ -1,0 +1,134 @@
+"""Who stopped first: a machine that fell below its peers shortly before the whole job halted.
+
+A fail-stop fault (a GPU that hangs, a NIC that drops, a process that dies) often halts a
+synchronous job seconds later: every rank waits in the next collective until the job gives up,
+and then every machine idles alike. Peer similarity sees the faulty machine apart only between
+the fault and the halt, which can be shorter than the continuity a similarity alert needs (8 to
+16 samples: 8-16 s at the agent's 1 s). After the halt nothing tells the machines apart.
+
+The order tells what the values cannot: the machine whose GPUs fell below its peers' for several
+evaluations *before* the job went idle is the one that stopped it. When the job goes from working
+to idle (most machines' peers read idle GPUs, :func:`detectors.scoring.idle_gpus`), the machines
+that were below their peers on a GPU activity metric or on power for at least ``lead``
+evaluations, ending at most a window before the halt, are named, provided they are few (the
+coherence allowance: a job that halts when many machines had already fallen has no one culprit).
+A job that goes idle with nobody ahead of it (a checkpoint, the end of the job, an evaluation
+pause) names nobody.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+LOW_METRICS: frozenset[str] = frozenset(
+    {
+        "gpu_util_ratio",
+        "gpu_sm_active_ratio",
+        "gpu_tensor_active_ratio",
+        "gpu_gr_engine_active_ratio",
+        "gpu_power_watts",
+    }
+)
+"""Metrics on which a stopped GPU falls below its working peers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    """A machine that was below its peers before the job halted."""
+
+    machine: int
+    metric: str
+    device: int
+    z: float
+    """Its lowest z while it was ahead of the halt."""
+    run: int
+    """Evaluations it was below its peers before the halt."""
+    end_tick: int
+    """The last tick of that run."""
+
+
+class HaltWatch:
+    """Per machine, its latest run below its peers on :data:`LOW_METRICS`, and whether the job
+    is working; names the machines ahead of a halt.
+
+    Parameters
+    ----------
+    lead
+        Evaluations a machine must have been below its peers, before the halt.
+    memory
+        How many ticks before the halt that run may have ended (the window mean needs a window
+        to follow the peers down to idle: a machine already at 0 stops being apart from them
+        before they read idle).
+    """
+
+    def __init__(self, lead: int, memory: int) -> None:
+        if lead < 1 or memory < 0:
+            raise ValueError(f"lead={lead!r}, memory={memory!r}: expected lead >= 1, memory >= 0")
+        self.lead = lead
+        self.memory = memory
+        self._run = np.zeros(0, dtype=np.int64)
+        self._best: list[tuple[str, int, float] | None] = []
+        self._last: list[Culprit | None] = []
+        self._working = False
+
+    def _grow(self, n: int) -> None:
+        if self._run.shape[0] < n:
+            extra = n - self._run.shape[0]
+            self._run = np.concatenate([self._run, np.zeros(extra, dtype=np.int64)])
+            self._best.extend([None] * extra)
+            self._last.extend([None] * extra)
+
+    def update(
+        self,
+        tick: int,
+        low: list[tuple[str, np.ndarray, np.ndarray]],
+        threshold: float,
+        scored: np.ndarray,
+        idle: np.ndarray,
+        allowance: int,
+    ) -> list[Culprit]:
+        """Take one evaluation; return the culprits of a halt that began at ``tick``.
+
+        ``low`` holds, per metric of :data:`LOW_METRICS` scored now, each machine's signed z at
+        its lowest device and that device; ``idle`` says whose peers' GPUs read idle.
+        """
+        n = scored.shape[0]
+        self._grow(n)
+        lowest = np.full(n, np.inf)
+        which: list[tuple[str, int] | None] = [None] * n
+        for metric, z, device in low:
+            better = np.flatnonzero(np.nan_to_num(z, nan=np.inf) < lowest)
+            lowest[better] = z[better]
+            for m in better.tolist():
+                which[m] = (metric, int(device[m]))
+        below = scored & (lowest <= -threshold)
+        for m in np.flatnonzero(~below[:n] & (self._run[:n] > 0)).tolist():
+            best = self._best[m]
+            if best is not None:
+                self._last[m] = Culprit(m, best[0], best[1], best[2], int(self._run[m]), tick - 1)
+            self._best[m] = None
+        self._run[:n] = np.where(below, self._run[:n] + 1, 0)
+        for m in np.flatnonzero(below).tolist():
+            metric_device = which[m]
+            assert metric_device is not None
+            best = self._best[m]
+            if best is None or lowest[m] < best[2]:
+                self._best[m] = (metric_device[0], metric_device[1], float(lowest[m]))
+        in_job = int(scored.sum())
+        working = in_job > 0 and int((idle & scored).sum()) * 2 < in_job
+        halted = self._working and not working
+        self._working = working
+        if not halted:
+            return []
+        culprits = []
+        for m in range(n):
+            best = self._best[m]
+            if self._run[m] >= self.lead and best is not None:
+                culprits.append(Culprit(m, best[0], best[1], best[2], int(self._run[m]), tick))
+                continue
+            last = self._last[m]
+            if last is not None and last.run >= self.lead and tick - last.end_tick <= self.memory:
+                culprits.append(last)
+        return culprits if len(culprits) <= allowance else []

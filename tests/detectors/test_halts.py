@@ -1,0 +1,89 @@
+"""Who stopped first: a machine below its peers shortly before its whole job halted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from detectors.halts import HaltWatch
+from detectors.offline import detect_table
+from minder.core.alert import AlertKind
+from minder.core.table import normalize_table
+
+GPUS = 4
+START = 1_700_000_000
+
+
+def _job(
+    interval_s: int,
+    samples: int,
+    halt_at: int | None,
+    stopped: dict[int, int],
+    machines: int = 16,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Working GPUs (use ~0.95, power ~600 W); each machine in ``stopped`` idles from its
+    sample on; at ``halt_at`` every machine idles (the job halted)."""
+    rng = np.random.default_rng(seed)
+    shape = (samples, machines, GPUS)
+    working = np.ones(shape, dtype=bool)
+    if halt_at is not None:
+        working[halt_at:] = False
+    for m, at in stopped.items():
+        working[at:, m] = False
+    util = np.where(working, 0.95 + rng.normal(0, 0.01, shape), 0.0)
+    power = np.where(working, 600 + rng.normal(0, 8, shape), 80 + rng.normal(0, 2, shape))
+    parts = []
+    for metric, cube in (("gpu_util_ratio", np.clip(util, 0, 1)), ("gpu_power_watts", power)):
+        parts.append(
+            pd.DataFrame(
+                {
+                    "ts": np.repeat(START + np.arange(samples) * interval_s, machines * GPUS),
+                    "job": "j",
+                    "machine": np.tile(
+                        np.repeat([f"m{i:02d}" for i in range(machines)], GPUS), samples
+                    ),
+                    "metric": metric,
+                    "device": np.tile([f"gpu{g}" for g in range(GPUS)], samples * machines),
+                    "value": cube.reshape(-1),
+                }
+            )
+        )
+    return normalize_table(pd.concat(parts, ignore_index=True))
+
+
+@pytest.mark.parametrize(("interval_s", "lead"), [(1, 8), (1, 16), (5, 8), (15, 8), (60, 8)])
+def test_the_machine_that_stopped_before_the_job_halted_is_named(
+    interval_s: int, lead: int
+) -> None:
+    """The fault shows for ``lead`` samples, then the job halts: too short for continuity at
+    1 s (30 evaluations), named at the halt."""
+    run = detect_table(_job(interval_s, 80, halt_at=30 + lead, stopped={5: 30}))
+    named = {(a.machine, a.kind) for a in run.alerts}
+    assert named == {("m05", AlertKind.SIMILARITY)}
+    alert = run.alerts[0]
+    assert abs(alert.first_ts - (START + 30 * interval_s)) <= 8 * interval_s
+    assert alert.detected_ts <= START + (30 + lead + 10) * interval_s
+
+
+@pytest.mark.parametrize("interval_s", [1, 15])
+def test_a_job_that_halts_with_nobody_ahead_names_nobody(interval_s: int) -> None:
+    run = detect_table(_job(interval_s, 80, halt_at=40, stopped={}))
+    assert run.alerts == []
+
+
+def test_a_machine_only_a_moment_ahead_of_the_halt_is_not_named() -> None:
+    """Ranks leave a halting job within a second or two of each other: no culprit."""
+    run = detect_table(_job(1, 80, halt_at=40, stopped={5: 38}))
+    assert run.alerts == []
+
+
+def test_many_machines_ahead_of_the_halt_name_nobody() -> None:
+    run = detect_table(_job(1, 80, halt_at=40, stopped={m: 30 for m in range(6)}))
+    assert [a for a in run.alerts if a.evidence.get("stopped_before_halt")] == []
+
+
+def test_halt_watch_refuses_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="lead=0"):
+        HaltWatch(0, 3)
