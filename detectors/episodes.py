@@ -10,6 +10,12 @@ Machines that fall silent together (within ``batch_spread_s`` of each other, at 
 ``batch_min_machines``) while the rest of the job reports left the job together: a scale-down or
 a scheduler's kill, which is one membership change of the job and no alert. Only when they are
 one domain, and enough of it, is it a fault: the domain's switch or rack.
+
+A batch that fell silent together and comes back (at least half of it reports again within
+``OUTAGE_RETURN_S``, without having said goodbye) was not scaled down: a scheduler replaces
+machines it removed, it does not bring the same ones back minutes later. It was unreachable
+together (a switch without domain labels, a partition): one alert then, when they are back,
+naming their common domain or, without one, each machine.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from detectors.findings import Finding
 from detectors.window import JobWindow
 from minder.core.alert import AlertKind
 
+OUTAGE_RETURN_S = 1800
+"""A silent batch that reports again within this long was unreachable, not scaled down."""
 DOMAIN_FAMILIES = frozenset({"silence", "nic"})
 """Rule families whose findings may be a shared domain's fault."""
 
@@ -38,6 +46,8 @@ class Episodes:
         self._pending: dict[tuple[int, str], tuple[int, Finding]] = {}
         # Domains with an open domain-wide episode -> the machines it covers.
         self._domain_members: dict[str, set[int]] = {}
+        # Batches taken for a scale-down: (machines, silent since, their silence findings).
+        self._departed: list[tuple[list[int], int, list[Finding]]] = []
 
     def touch(self, key: tuple[int, str], now: int) -> bool:
         """Record that ``key`` holds at ``now``; True when this starts a new episode."""
@@ -68,14 +78,15 @@ class Episodes:
         failed together, nothing (a membership change) where a batch of machines fell silent
         together, the machines' own findings otherwise."""
         cadence = self.cadence
+        returned = self._returned(window, now)
         ready = {
             k
             for k, (seen, _) in self._pending.items()
             if now - seen >= (cadence.silence_settle_s if k[1] == "silence" else cadence.settle_s)
         }
         if not ready:
-            return []
-        out: list[Finding] = []
+            return returned
+        out: list[Finding] = returned
         for batch in self._silent_batches():
             if not all(k in ready for k in batch):
                 ready -= set(batch)  # the newest of the batch still waits for its neighbours
@@ -98,6 +109,32 @@ class Episodes:
                     self._domain_members[domain] = members
                     continue
             out.extend(self._pending.pop(k)[1] for k in keys)
+        return out
+
+    def _returned(self, window: JobWindow, now: int) -> list[Finding]:
+        """Batches taken for a scale-down that report again: they were unreachable together.
+        One finding each (their common domain's, or each machine's); batches gone for longer
+        than :data:`OUTAGE_RETURN_S` were scaled down indeed and are forgotten."""
+        if not self._departed:
+            return []
+        active = window.active()
+        out: list[Finding] = []
+        keep = []
+        for machines, first, findings in self._departed:
+            back = [m for m in machines if active[m] and window.joined_sec[m] > first]
+            if 2 * len(back) >= len(machines):
+                for finding in findings:
+                    finding.evidence["returned_after_s"] = now - first
+                    finding.evidence["outage"] = "the batch fell silent together and came back"
+                domains = {window.machines[m].domain for m in machines}
+                domain = next(iter(domains))
+                if len(domains) == 1 and domain:
+                    out.append(domain_finding(window, domain, findings, sorted(machines)))
+                else:
+                    out.extend(findings)
+            elif now - first <= OUTAGE_RETURN_S:
+                keep.append((machines, first, findings))
+        self._departed = keep
         return out
 
     def _domain_needed(self, window: JobWindow, domain: str) -> int:
@@ -148,6 +185,7 @@ class Episodes:
                 return [domain_finding(window, domain, list(findings.values()), sorted(known))]
         reporting = int(window.active().sum()) - len(machines)
         first = min(f.first_sec for f in findings.values())
+        self._departed.append((machines, first, list(findings.values())))
         window.depart(
             machines,
             "left_together",

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 
 from detectors.config import DetectorConfig
 from detectors.engine import MinderDetector
+from detectors.offline import detect_table
 from detectors.window import JobWindow
 from minder.core.alert import Alert, AlertKind
 from minder.core.records import Event, EventKind, NodeBatch
+from minder.core.table import normalize_table
 
 START = 1_000_000
 Sample = dict[tuple[str, str], float]
@@ -150,3 +153,49 @@ def test_departed_machines_are_not_peers() -> None:
     )
     assert job.alerts == []
     assert int(job.window.active().sum()) == 8
+
+
+def _outage_table(domains: bool, back: bool) -> pd.DataFrame:
+    """32 machines at 5 s; 8 of them (no common domain unless ``domains``) send nothing for
+    120 s from sample 40, and come back if ``back``."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for t in range(100):
+        for m in range(32):
+            if 8 <= m < 16 and t >= 40 and (t < 64 or not back):
+                continue
+            for g in range(2):
+                rows.append(
+                    {
+                        "ts": 1_700_000_000 + 5 * t,
+                        "job": "j",
+                        "machine": f"m{m:02d}",
+                        "metric": "gpu_power_watts",
+                        "device": f"gpu{g}",
+                        "value": 600 + rng.normal(0, 8),
+                        "domain": (f"leaf{m // 8}" if domains else ""),
+                    }
+                )
+    return normalize_table(pd.DataFrame(rows))
+
+
+def test_a_silent_batch_that_comes_back_was_an_outage_not_a_scale_down() -> None:
+    run = detect_table(_outage_table(domains=False, back=True))
+    named = sorted(a.machine for a in run.alerts)
+    assert named == [f"m{m:02d}" for m in range(8, 16)]
+    for alert in run.alerts:
+        assert alert.kind is AlertKind.SILENCE
+        assert abs(alert.first_ts - (1_700_000_000 + 5 * 40)) <= 15
+        assert alert.evidence["returned_after_s"] >= 120
+    assert [c.change for c in run.membership][:1] == ["left_together"]
+
+
+def test_a_silent_batch_that_stays_away_was_a_scale_down() -> None:
+    run = detect_table(_outage_table(domains=False, back=False))
+    assert run.alerts == []
+    assert "left_together" in [c.change for c in run.membership]
+
+
+def test_a_domain_that_falls_silent_is_one_alert_and_its_return_adds_none() -> None:
+    run = detect_table(_outage_table(domains=True, back=True))
+    assert [(a.machine, a.domain) for a in run.alerts] == [("leaf1", "leaf1")]
