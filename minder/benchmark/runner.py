@@ -31,6 +31,7 @@ from minder.benchmark.evaluate import (
     Summary,
     summarize,
 )
+from minder.benchmark.independent.cases import SUITES as INDEPENDENT_SUITES
 from minder.benchmark.replay import DEFAULT_GRACE_S, replay, simulate
 from minder.benchmark.suite import SUITES, BenchCase, build_suite, build_training_suite
 from minder.benchmark.truth import slowdown_replay
@@ -136,8 +137,9 @@ class BenchOptions:
     intervals: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
-        if self.suite not in SUITES:
-            raise ValueError(f"unknown suite {self.suite!r}: expected one of {', '.join(SUITES)}")
+        if self.suite not in SUITES and self.suite not in INDEPENDENT_SUITES:
+            names = ", ".join([*SUITES, *INDEPENDENT_SUITES])
+            raise ValueError(f"unknown suite {self.suite!r}: expected one of {names}")
         if not self.methods and not self.ablations and not self.denoisers:
             raise ValueError("no method to run: expected at least one of " + ", ".join(METHODS))
         unknown = [m for m in self.methods if m not in METHODS]
@@ -410,6 +412,11 @@ def run_benchmark(
     progress: RunProgress | None = None,
 ) -> BenchResult:
     """Run every variant of ``options`` over the suite (or ``cases``) and score them."""
+    if options.suite in INDEPENDENT_SUITES and cases is None:
+        raise ValueError(
+            f"suite {options.suite!r} is run by minder.benchmark.independent.run."
+            "run_independent: expected a simulator suite here"
+        )
     began = time.perf_counter()
     suite = list(cases) if cases is not None else build_suite(options.suite, options.seed)
     variants = plan_variants(options)

@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from minder.cli.common import OutputFormat, err, out
+
+if TYPE_CHECKING:
+    from minder.benchmark.runner import BenchOptions
 
 # The benchmark's defaults, written out so that ``--help`` need not import the benchmark (its
 # simulator, detectors, numpy and pandas); tests/minder/cli/test_cli_imports.py checks them
@@ -40,6 +43,13 @@ class Suite(StrEnum):
     standard = "standard"
     full = "full"
     stragglers = "stragglers"
+    independent = "independent"
+    independent_large = "independent-large"
+
+
+INDEPENDENT_SUITES = (Suite.independent, Suite.independent_large)
+"""Suites of the independent generator (minder.benchmark.independent), never used for tuning:
+run and reported apart from the simulator's."""
 
 
 @bench_app.callback()
@@ -114,7 +124,14 @@ def _progress(enabled: bool) -> Iterator[Callable[[str, float, int], None] | Non
 
 @bench_app.command("detect")
 def detect_command(
-    suite: Annotated[Suite, typer.Option(help="Scenario suite.")] = Suite.standard,
+    suite: Annotated[
+        Suite,
+        typer.Option(
+            help="Scenario suite; 'independent' and 'independent-large' are jobs of a second "
+            "generator, never used for tuning, reported per --intervals cadence (e.g. "
+            "--intervals 1,5,10,15,30,60)."
+        ),
+    ] = Suite.standard,
     methods: Annotated[
         str,
         typer.Option(
@@ -168,8 +185,6 @@ def detect_command(
 ) -> None:
     """Run detection methods over a labelled suite and report P/R/F1, latency, false alarms
     and CPU cost."""
-    import orjson  # noqa: PLC0415
-
     from minder.benchmark.report import markdown, render  # noqa: PLC0415
     from minder.benchmark.runner import BenchOptions, run_benchmark  # noqa: PLC0415
     from minder.core.errors import MinderError  # noqa: PLC0415
@@ -189,23 +204,69 @@ def detect_command(
     except ValueError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
+    if suite in INDEPENDENT_SUITES:
+        _independent(options, output_format, output, markdown_file, progress)
+        return
     try:
         with _progress(progress and err.is_terminal) as update:
             result = run_benchmark(options, progress=update)
     except MinderError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=1) from None
-    data = result.to_dict()
-    text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+    _write(result.to_dict(), output, markdown_file, lambda: markdown(result))
+    if output_format is OutputFormat.json:
+        sys.stdout.write(_json(result.to_dict()) + "\n")
+    else:
+        render(result, out)
+
+
+def _json(data: dict[str, Any]) -> str:
+    import orjson  # noqa: PLC0415
+
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _write(
+    data: dict[str, Any],
+    output: Path | None,
+    markdown_file: Path | None,
+    markdown_text: Callable[[], str],
+) -> None:
+    """Write the JSON results and the markdown section where asked."""
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text + "\n")
+        output.write_text(_json(data) + "\n")
         err.print(f"wrote {output}")
     if markdown_file is not None:
         markdown_file.parent.mkdir(parents=True, exist_ok=True)
-        markdown_file.write_text(markdown(result))
+        markdown_file.write_text(markdown_text())
         err.print(f"wrote {markdown_file}")
+
+
+def _independent(
+    options: BenchOptions,
+    output_format: OutputFormat,
+    output: Path | None,
+    markdown_file: Path | None,
+    progress: bool,
+) -> None:
+    """Run and report an independent suite (per cadence, apart from the tuned suites)."""
+    from minder.benchmark.independent.report import (  # noqa: PLC0415
+        markdown_independent,
+        render_independent,
+    )
+    from minder.benchmark.independent.run import run_independent  # noqa: PLC0415
+    from minder.core.errors import MinderError  # noqa: PLC0415
+
+    try:
+        with _progress(progress and err.is_terminal) as update:
+            result = run_independent(options, progress=update)
+    except MinderError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=1) from None
+    data = result.to_dict()
+    _write(data, output, markdown_file, lambda: markdown_independent(result))
     if output_format is OutputFormat.json:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(_json(data) + "\n")
     else:
-        render(result, out)
+        render_independent(result, out)
