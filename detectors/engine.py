@@ -63,6 +63,9 @@ logger = logging.getLogger(__name__)
 HALT_LEAD_S = 5
 HALT_LEAD_SAMPLES = 3
 """A machine named for stopping before its job halted was below its peers this long first."""
+HALT_CONFIRM_S = 30
+"""A job idle this long (3 samples at coarse sampling) halted; a shorter lull (a data-loading
+phase of a step, a short checkpoint) names nobody."""
 _RULE_FAMILIES = frozenset({"gpu_fatal", "nic", "pcie", "nvlink", "silence"})
 SCORERS: tuple[str, ...] = ("median", "pairwise")
 _COLLAPSING = frozenset({"mean", "median"})
@@ -197,10 +200,11 @@ class MinderDetector:
     def _halt_watch(self, cadence: Cadence) -> HaltWatch:
         """A machine must have stopped 5 s (3 samples at coarse sampling) before its peers: its
         window mean is apart from theirs for that long plus the window less one evaluation (the
-        peers' means take a window to follow it down), and that run may end up to a window (plus
-        two ticks) before they read idle."""
+        peers' means take a window to follow it), and that run may end up to a window (plus two
+        ticks) before they read idle."""
         lead = max(math.ceil(HALT_LEAD_S / cadence.interval_s - 1e-9), HALT_LEAD_SAMPLES)
-        return HaltWatch(lead + cadence.window - 1, cadence.window + 2)
+        confirm = max(math.ceil(HALT_CONFIRM_S / cadence.interval_s - 1e-9), HALT_LEAD_SAMPLES)
+        return HaltWatch(lead + cadence.window - 1, cadence.window + 2, confirm)
 
     def _follow_cadence(self, window: JobWindow) -> None:
         """Take up the window's tick and series intervals when they change."""
@@ -393,10 +397,11 @@ class MinderDetector:
         for bucket, result in results:
             for j, metric in enumerate(bucket.metrics):
                 if metric in LOW_METRICS:
-                    z = np.where(np.isfinite(result.z[:, j, :]), result.z[:, j, :], np.inf)
-                    device = z.argmin(axis=1)
-                    lowest = np.take_along_axis(z, device[:, None], axis=1)[:, 0]
-                    low.append((metric, np.where(np.isinf(lowest), np.nan, lowest), device))
+                    z = result.z[:, j, :]
+                    device = np.where(np.isfinite(z), np.abs(z), -1.0).argmax(axis=1)
+                    low.append(
+                        (metric, np.take_along_axis(z, device[:, None], axis=1)[:, 0], device)
+                    )
                     where[metric] = (bucket, result, j)
         allowance = self.coherence.allowance(int(self._scored.sum()))
         culprits = self.halts.update(
@@ -654,6 +659,7 @@ class MinderDetector:
                 "peer_median": detail["peer_median"],
                 "scale": detail["scale"],
                 "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,
+                **{k: detail[k] for k in ("stopped_before_halt", "lead_s") if k in detail},
                 "other_metrics": sorted(
                     metric
                     for metric, (top, _) in self.last_scores.items()

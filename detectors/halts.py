@@ -1,4 +1,4 @@
-"""Who stopped first: a machine that fell below its peers shortly before the whole job halted.
+"""Who stopped first: a machine apart from its peers shortly before the whole job halted.
 
 A fail-stop fault (a GPU that hangs, a NIC that drops, a process that dies) often halts a
 synchronous job seconds later: every rank waits in the next collective until the job gives up,
@@ -6,14 +6,15 @@ and then every machine idles alike. Peer similarity sees the faulty machine apar
 the fault and the halt, which can be shorter than the continuity a similarity alert needs (8 to
 16 samples: 8-16 s at the agent's 1 s). After the halt nothing tells the machines apart.
 
-The order tells what the values cannot: the machine whose GPUs fell below its peers' for several
-evaluations *before* the job went idle is the one that stopped it. When the job goes from working
-to idle (most machines' peers read idle GPUs, :func:`detectors.scoring.idle_gpus`), the machines
-that were below their peers on a GPU activity metric or on power for at least ``lead``
-evaluations, ending at most a window before the halt, are named, provided they are few (the
-coherence allowance: a job that halts when many machines had already fallen has no one culprit).
-A job that goes idle with nobody ahead of it (a checkpoint, the end of the job, an evaluation
-pause) names nobody.
+The order tells what the values cannot: the machine whose GPUs stood apart from their peers for
+several evaluations *before* the job went idle is the one that stopped it (a dead GPU reads below
+its peers; a hung one may read above them while they wait for it). When the job goes from
+working to idle (most machines' peers read idle GPUs, :func:`detectors.scoring.idle_gpus`) and
+stays idle (a lull of a few seconds is no halt), the machines that were apart from their peers
+on a GPU activity metric or on power for at least ``lead`` evaluations, ending at most a window
+before the halt, are named, provided they are few (the coherence allowance: a job that halts
+when many machines had already fallen has no one culprit). A job that goes idle with nobody
+ahead of it (a checkpoint, the end of the job, an evaluation pause) names nobody.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LOW_METRICS: frozenset[str] = frozenset(
         "gpu_power_watts",
     }
 )
-"""Metrics on which a stopped GPU falls below its working peers."""
+"""Metrics on which a stopped or hung GPU stands apart from its working (or waiting) peers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +43,9 @@ class Culprit:
     metric: str
     device: int
     z: float
-    """Its lowest z while it was ahead of the halt."""
+    """Its largest z (signed) while it was ahead of the halt."""
     run: int
-    """Evaluations it was below its peers before the halt."""
+    """Evaluations it was apart from its peers before the halt."""
     end_tick: int
     """The last tick of that run."""
 
@@ -61,13 +62,23 @@ class HaltWatch:
         How many ticks before the halt that run may have ended (the window mean needs a window
         to follow the peers down to idle: a machine already at 0 stops being apart from them
         before they read idle).
+    confirm
+        Evaluations the job must stay idle before it halted: the culprits are chosen when it
+        goes idle and named once it stayed so; a lull that ends sooner (a data-loading phase,
+        a short checkpoint) names nobody.
     """
 
-    def __init__(self, lead: int, memory: int) -> None:
-        if lead < 1 or memory < 0:
-            raise ValueError(f"lead={lead!r}, memory={memory!r}: expected lead >= 1, memory >= 0")
+    def __init__(self, lead: int, memory: int, confirm: int = 1) -> None:
+        if lead < 1 or memory < 0 or confirm < 1:
+            raise ValueError(
+                f"lead={lead!r}, memory={memory!r}, confirm={confirm!r}: expected lead >= 1, "
+                "memory >= 0, confirm >= 1"
+            )
         self.lead = lead
         self.memory = memory
+        self.confirm = confirm
+        self._pending: list[Culprit] = []
+        self._idle_for = 0
         self._run = np.zeros(0, dtype=np.int64)
         self._best: list[tuple[str, int, float] | None] = []
         self._last: list[Culprit | None] = []
@@ -92,18 +103,18 @@ class HaltWatch:
         """Take one evaluation; return the culprits of a halt that began at ``tick``.
 
         ``low`` holds, per metric of :data:`LOW_METRICS` scored now, each machine's signed z at
-        its lowest device and that device; ``idle`` says whose peers' GPUs read idle.
+        its most deviating device and that device; ``idle`` says whose peers' GPUs read idle.
         """
         n = scored.shape[0]
         self._grow(n)
-        lowest = np.full(n, np.inf)
+        lowest = np.zeros(n)
         which: list[tuple[str, int] | None] = [None] * n
         for metric, z, device in low:
-            better = np.flatnonzero(np.nan_to_num(z, nan=np.inf) < lowest)
+            better = np.flatnonzero(np.abs(np.nan_to_num(z, nan=0.0)) > np.abs(lowest))
             lowest[better] = z[better]
             for m in better.tolist():
                 which[m] = (metric, int(device[m]))
-        below = scored & (lowest <= -threshold)
+        below = scored & (np.abs(lowest) >= threshold)
         for m in np.flatnonzero(~below[:n] & (self._run[:n] > 0)).tolist():
             best = self._best[m]
             if best is not None:
@@ -114,14 +125,24 @@ class HaltWatch:
             metric_device = which[m]
             assert metric_device is not None
             best = self._best[m]
-            if best is None or lowest[m] < best[2]:
+            if best is None or abs(lowest[m]) > abs(best[2]):
                 self._best[m] = (metric_device[0], metric_device[1], float(lowest[m]))
         in_job = int(scored.sum())
         working = in_job > 0 and int((idle & scored).sum()) * 2 < in_job
         halted = self._working and not working
         self._working = working
-        if not halted:
-            return []
+        self._idle_for = 0 if working else self._idle_for + 1
+        if working:
+            self._pending = []
+        if halted:
+            self._pending = self._ahead(n, tick, allowance)
+        if self._pending and self._idle_for >= self.confirm:
+            out, self._pending = self._pending, []
+            return out
+        return []
+
+    def _ahead(self, n: int, tick: int, allowance: int) -> list[Culprit]:
+        """The machines below their peers for ``lead`` evaluations as the job went idle."""
         culprits = []
         for m in range(n):
             best = self._best[m]

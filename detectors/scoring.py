@@ -309,15 +309,21 @@ reference on any metric."""
 
 
 def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
-    """Per machine: its peers' GPUs sit idle (median of a :data:`GPU_ACTIVITY` metric within
-    its floor of 0)."""
-    out = np.zeros(n, dtype=bool)
+    """Per machine: its peers' GPUs sit idle, on every :data:`GPU_ACTIVITY` metric the job
+    reports (median within the metric's floor of 0). Every one, not any: while the host feeds
+    the GPUs (a data-loading phase of each step) tensor activity reads 0 but the GPUs still run
+    kernels."""
+    seen = np.zeros(n, dtype=bool)
+    busy = np.zeros(n, dtype=bool)
     with np.errstate(invalid="ignore"):
         for bucket, result in results:
             for j, metric in enumerate(bucket.metrics):
                 if metric in GPU_ACTIVITY:
-                    out |= result.medians[:, j] <= bucket.floors[j]
-    return out
+                    level = result.medians[:, j]
+                    known = np.isfinite(level)
+                    seen |= known
+                    busy |= known & (level > bucket.floors[j])
+    return seen & ~busy
 
 
 def lag_tolerant_means(

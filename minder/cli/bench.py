@@ -43,6 +43,7 @@ class Suite(StrEnum):
     standard = "standard"
     full = "full"
     stragglers = "stragglers"
+    realism = "realism"
     independent = "independent"
     independent_large = "independent-large"
 
