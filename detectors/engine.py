@@ -659,7 +659,6 @@ class MinderDetector:
                 "peer_median": detail["peer_median"],
                 "scale": detail["scale"],
                 "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,
-                **{k: detail[k] for k in ("stopped_before_halt", "lead_s") if k in detail},
                 "other_metrics": sorted(
                     metric
                     for metric, (top, _) in self.last_scores.items()
@@ -667,6 +666,9 @@ class MinderDetector:
                 ),
             }
         )
+        for key in ("stopped_before_halt", "lead_s"):
+            if key in detail:
+                evidence[key] = detail[key]
         finding.evidence = evidence
 
     def _to_alert(self, window: JobWindow, finding: Finding, now: int) -> Alert:
