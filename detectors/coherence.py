@@ -9,8 +9,8 @@ What we measure, per job and metric, over a rolling horizon: the *distinct* mach
 outliers (|z| above the alert threshold for two evaluations in a row) at some moment. In a job of
 peers that is the faulty machines only: about two faults a day per job, a handful over the
 horizon. In a fleet that is not alike, the outliers rotate and their number grows with the
-fleet. Machines of one ``domain`` (a switch, a rack) that are outliers together count once: a
-domain fault is one fault. The measured *coherence* is the share of the job's machines that
+fleet. Most of one ``domain`` (a switch, a rack) outlying together counts once: a domain fault is
+one fault. The measured *coherence* is the share of the job's machines that
 stayed with their peers over the horizon, ``1 - distinct / machines``.
 
 A metric is not peer-comparable while the distinct outliers exceed the allowance
@@ -59,15 +59,27 @@ class PeerCoherence:
         The allowance of distinct outliers: ``max(min_outliers, ceil(share x machines))``.
     horizon_ticks
         How many evaluations back an outlier still counts.
+    domain_share, domain_min
+        Outliers of one domain count once when they are at least this share (and this count) of
+        its machines, as the domain rules judge a domain's fault.
     """
 
-    def __init__(self, share: float, min_outliers: int, horizon_ticks: int) -> None:
+    def __init__(
+        self,
+        share: float,
+        min_outliers: int,
+        horizon_ticks: int,
+        domain_share: float = 0.5,
+        domain_min: int = 2,
+    ) -> None:
         if not 0 < share < 1 or min_outliers < 1 or horizon_ticks < 1:
             raise ValueError(
                 f"share={share!r}, min_outliers={min_outliers!r}, horizon_ticks={horizon_ticks!r}:"
                 " expected 0 < share < 1 and positive counts"
             )
         self.share = share
+        self.domain_share = domain_share
+        self.domain_min = domain_min
         self.min_outliers = min_outliers
         self.horizon_ticks = horizon_ticks
         self._machine_tick: dict[str, np.ndarray] = {}
@@ -124,7 +136,13 @@ class PeerCoherence:
             codes = domains[lasting]
             alone = lasting
             if n_domains:
-                together = np.bincount(codes[codes >= 0], minlength=n_domains) >= 2
+                # Most of a domain (as the domain rules count it), not any two of its machines:
+                # a fleet's busy machines spread over its switches are no switch's fault.
+                size = np.bincount(
+                    domains[:n][scored[:n] & (domains[:n] >= 0)], minlength=n_domains
+                )
+                needed = np.maximum(self.domain_min, np.ceil(self.domain_share * size))
+                together = np.bincount(codes[codes >= 0], minlength=n_domains) >= needed
                 domain_tick[: together.size][together] = tick
                 alone = lasting[(codes < 0) | ~together[np.clip(codes, 0, None)]]
             machine_tick[alone] = tick

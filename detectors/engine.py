@@ -195,7 +195,13 @@ class MinderDetector:
             math.ceil(cfg.coherence_horizon_s / cadence.interval_s), cfg.coherence_horizon_samples
         )
         self._coherence_horizon_s = int(ticks * cadence.interval_s)
-        return PeerCoherence(cfg.coherence_share, cfg.coherence_min_outliers, ticks)
+        return PeerCoherence(
+            cfg.coherence_share,
+            cfg.coherence_min_outliers,
+            ticks,
+            cfg.domain_fraction,
+            cfg.domain_min_machines,
+        )
 
     def _halt_watch(self, cadence: Cadence) -> HaltWatch:
         """A machine must have stopped 5 s (3 samples at coarse sampling) before its peers: its
