@@ -405,6 +405,45 @@ def _prepare(
 # -- the run ---------------------------------------------------------------------------------
 
 
+def variant_rows(
+    prepared: Sequence[_Prepared],
+    variants: Sequence[Variant],
+    runs: dict[str, list[CaseRun]],
+    skipped: dict[str, list[dict[str, Any]]],
+    errors: dict[str, list[dict[str, Any]]],
+    failed: dict[str, str],
+) -> list[VariantResult]:
+    """One result row per variant, in the order asked: the scored ones, and those that could
+    not be prepared (``failed``: label -> reason) with nothing run."""
+    rows = [
+        VariantResult(
+            variant=p.variant,
+            trained=p.trained,
+            detector=p.detector,
+            summary=summarize(runs[p.variant.label], slack_s=slack_for(p.variant.interval_s)),
+            cases_run=len(runs[p.variant.label]),
+            skipped=skipped[p.variant.label],
+            errors=errors[p.variant.label],
+        )
+        for p in prepared
+    ]
+    for label, reason in failed.items():
+        variant = next(v for v in variants if v.label == label)
+        rows.append(
+            VariantResult(
+                variant=variant,
+                trained=False,
+                detector="",
+                summary=summarize([]),
+                cases_run=0,
+                skipped=[{"case": "*", "machines": 0, "reason": reason}],
+            )
+        )
+    order = {v.label: i for i, v in enumerate(variants)}
+    rows.sort(key=lambda r: order[r.variant.label])
+    return rows
+
+
 def run_benchmark(
     options: BenchOptions,
     *,
@@ -521,32 +560,7 @@ def run_benchmark(
                     progress(label, done, total)
             del simulated
 
-    rows = [
-        VariantResult(
-            variant=p.variant,
-            trained=p.trained,
-            detector=p.detector,
-            summary=summarize(runs[p.variant.label], slack_s=slack_for(p.variant.interval_s)),
-            cases_run=len(runs[p.variant.label]),
-            skipped=skipped[p.variant.label],
-            errors=errors[p.variant.label],
-        )
-        for p in prepared
-    ]
-    for label, reason in failed.items():
-        variant = next(v for v in variants if v.label == label)
-        rows.append(
-            VariantResult(
-                variant=variant,
-                trained=False,
-                detector="",
-                summary=summarize([]),
-                cases_run=0,
-                skipped=[{"case": "*", "machines": 0, "reason": reason}],
-            )
-        )
-    order = {v.label: i for i, v in enumerate(variants)}
-    rows.sort(key=lambda r: order[r.variant.label])
+    rows = variant_rows(prepared, variants, runs, skipped, errors, failed)
     if any(v.method in BASELINE_METHODS for v in variants) and options.train:
         notes.append("baselines take no trained model; they run as they are")
     return BenchResult(

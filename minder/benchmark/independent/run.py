@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from detectors.offline import detect_table
-from minder.benchmark.evaluate import CaseRun, Summary, summarize
+from minder.benchmark.evaluate import CaseRun, Summary
 from minder.benchmark.independent.cases import (
     INDEPENDENT_STREAM,
     SUITES,
@@ -36,7 +36,7 @@ from minder.benchmark.runner import (
     _train,
     command_line,
     plan_variants,
-    slack_for,
+    variant_rows,
 )
 
 if TYPE_CHECKING:
@@ -257,32 +257,7 @@ def run_independent(
                     progress(label, done, total)
             del table
 
-    rows = [
-        VariantResult(
-            variant=p.variant,
-            trained=p.trained,
-            detector=p.detector,
-            summary=summarize(runs[p.variant.label], slack_s=slack_for(p.variant.interval_s)),
-            cases_run=len(runs[p.variant.label]),
-            skipped=skipped[p.variant.label],
-            errors=errors[p.variant.label],
-        )
-        for p in prepared
-    ]
-    for label, reason in failed.items():
-        variant = next(v for v in variants if v.label == label)
-        rows.append(
-            VariantResult(
-                variant=variant,
-                trained=False,
-                detector="",
-                summary=summarize([]),
-                cases_run=0,
-                skipped=[{"case": "*", "machines": 0, "reason": reason}],
-            )
-        )
-    order = {v.label: i for i, v in enumerate(variants)}
-    rows.sort(key=lambda r: order[r.variant.label])
+    rows = variant_rows(prepared, variants, runs, skipped, errors, failed)
     return IndependentResult(
         options=options,
         cases=by_interval,
