@@ -405,6 +405,39 @@ def _prepare(
 # -- the run ---------------------------------------------------------------------------------
 
 
+def prepare_variants(
+    options: BenchOptions,
+    variants: Sequence[Variant],
+    notes: list[str],
+    progress: RunProgress | None,
+    total: int,
+) -> tuple[list[_Prepared], dict[str, str], dict[str, Any]]:
+    """Train the engine's models when asked, then build each variant's detector factory.
+
+    Returns the variants ready to run, those that cannot (label -> reason, also in ``notes``)
+    and what the training did."""
+    models: dict[str, DetectorModel] = {}
+    training: dict[str, Any] = {"enabled": options.train}
+    if options.train and any(v.is_engine for v in variants):
+        wanted = list(
+            dict.fromkeys(v.denoiser or DEFAULT_DENOISER for v in variants if v.is_engine)
+        )
+        models, info = _train(options, wanted, notes, progress, total)
+        training.update(info)
+    prepared: list[_Prepared] = []
+    failed: dict[str, str] = {}
+    for variant in variants:
+        ready = _prepare(variant, options, models, notes)
+        if isinstance(ready, str):
+            failed[variant.label] = ready
+            message = f"{variant.label} cannot run: {ready}"
+            logger.warning(message)
+            notes.append(message)
+        else:
+            prepared.append(ready)
+    return prepared, failed, training
+
+
 def variant_rows(
     prepared: Sequence[_Prepared],
     variants: Sequence[Variant],
@@ -461,26 +494,7 @@ def run_benchmark(
     variants = plan_variants(options)
     total = len(suite) * len(variants)
     notes: list[str] = []
-    models: dict[str, DetectorModel] = {}
-    training: dict[str, Any] = {"enabled": options.train}
-    if options.train and any(v.is_engine for v in variants):
-        wanted = list(
-            dict.fromkeys(v.denoiser or DEFAULT_DENOISER for v in variants if v.is_engine)
-        )
-        models, info = _train(options, wanted, notes, progress, total)
-        training.update(info)
-
-    prepared: list[_Prepared] = []
-    failed: dict[str, str] = {}
-    for variant in variants:
-        ready = _prepare(variant, options, models, notes)
-        if isinstance(ready, str):
-            failed[variant.label] = ready
-            message = f"{variant.label} cannot run: {ready}"
-            logger.warning(message)
-            notes.append(message)
-        else:
-            prepared.append(ready)
+    prepared, failed, training = prepare_variants(options, variants, notes, progress, total)
 
     runs: dict[str, list[CaseRun]] = {p.variant.label: [] for p in prepared}
     skipped: dict[str, list[dict[str, Any]]] = {p.variant.label: [] for p in prepared}

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from detectors.offline import detect_table
 from minder.benchmark.evaluate import CaseRun, Summary
@@ -27,20 +27,14 @@ from minder.benchmark.independent.cases import (
     build_independent_suite,
 )
 from minder.benchmark.runner import (
-    DEFAULT_DENOISER,
     BenchOptions,
     RunProgress,
     VariantResult,
-    _prepare,
-    _Prepared,
-    _train,
     command_line,
     plan_variants,
+    prepare_variants,
     variant_rows,
 )
-
-if TYPE_CHECKING:
-    from detectors.model import DetectorModel
 
 logger = logging.getLogger(__name__)
 
@@ -170,25 +164,7 @@ def run_independent(
             by_interval[interval] = [c for c in cases if c.interval_s == interval]
     total = sum(len(by_interval[v.interval_s]) for v in variants)
     notes: list[str] = []
-    models: dict[str, DetectorModel] = {}
-    training: dict[str, Any] = {"enabled": options.train}
-    if options.train and any(v.is_engine for v in variants):
-        wanted = list(
-            dict.fromkeys(v.denoiser or DEFAULT_DENOISER for v in variants if v.is_engine)
-        )
-        models, info = _train(options, wanted, notes, progress, total)
-        training.update(info)
-
-    prepared: list[_Prepared] = []
-    failed: dict[str, str] = {}
-    for variant in variants:
-        ready = _prepare(variant, options, models, notes)
-        if isinstance(ready, str):
-            failed[variant.label] = ready
-            notes.append(f"{variant.label} cannot run: {ready}")
-            logger.warning("%s cannot run: %s", variant.label, ready)
-        else:
-            prepared.append(ready)
+    prepared, failed, training = prepare_variants(options, variants, notes, progress, total)
 
     runs: dict[str, list[CaseRun]] = {p.variant.label: [] for p in prepared}
     skipped: dict[str, list[dict[str, Any]]] = {p.variant.label: [] for p in prepared}
