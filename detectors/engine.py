@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+LAG_SAMPLES = 1
+"""Samples of phase tolerance at coarse sampling (``lag_tolerant_means``)."""
 HALT_LEAD_S = 5
 HALT_LEAD_SAMPLES = 3
 """A machine named for stopping before its job halted was below its peers this long first."""
@@ -181,11 +183,15 @@ class MinderDetector:
         return {m: (top.tolist(), dev.tolist()) for m, (top, dev) in self.last_scores.items()}
 
     def _tracker(self, cadence: Cadence) -> ContinuityTracker:
+        """Runs of both severities; at coarse sampling one evaluation longer, since the phase
+        tolerance (:func:`detectors.scoring.lag_tolerant_means`) reads one more sample, so one
+        short event stays in a machine's means one evaluation longer."""
         severe_z = self.config.severe_level[0]
+        lag = LAG_SAMPLES if cadence.interval_s > 1 else 0
         return ContinuityTracker(
             [
-                Severity(self.config.threshold, cadence.continuity),
-                Severity(severe_z, cadence.severe_continuity),
+                Severity(self.config.threshold, cadence.continuity + lag),
+                Severity(severe_z, cadence.severe_continuity + lag),
             ]
         )
 
@@ -652,6 +658,7 @@ class MinderDetector:
         evidence = similarity_evidence(
             window, now, int(detail["col"]), finding.machine, peers, self.cadence
         )
+        lag = LAG_SAMPLES if self.cadence.interval_s > 1 else 0
         evidence.update(
             {
                 "method": f"peer_{self.scorer}",
@@ -660,8 +667,8 @@ class MinderDetector:
                 "z": detail["z"],
                 "direction": "above" if detail["z"] > 0 else "below",
                 "threshold": detail["threshold"],
-                "continuity_s": self.cadence.continuity * window.tick_s,
-                "severe_continuity_s": self.cadence.severe_continuity * window.tick_s,
+                "continuity_s": (self.cadence.continuity + lag) * window.tick_s,
+                "severe_continuity_s": (self.cadence.severe_continuity + lag) * window.tick_s,
                 "peer_median": detail["peer_median"],
                 "scale": detail["scale"],
                 "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,

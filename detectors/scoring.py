@@ -306,11 +306,14 @@ GPU_ACTIVITY: tuple[str, ...] = (
 )
 """What says a GPU works: when a machine's peers read idle on these, its GPUs have no busy
 reference on any metric."""
+IDLE_GPU_LEVEL = 0.05
+"""A GPU activity ratio at or below this is idle: an idle GPU still runs monitoring and
+housekeeping kernels for a few percent of the time (a serving pod between requests)."""
 
 
 def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
     """Per machine: its peers' GPUs sit idle, on every :data:`GPU_ACTIVITY` metric the job
-    reports (median within the metric's floor of 0). Every one, not any: while the host feeds
+    reports (median at most :data:`IDLE_GPU_LEVEL`). Every one, not any: while the host feeds
     the GPUs (a data-loading phase of each step) tensor activity reads 0 but the GPUs still run
     kernels."""
     seen = np.zeros(n, dtype=bool)
@@ -322,7 +325,7 @@ def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndar
                     level = result.medians[:, j]
                     known = np.isfinite(level)
                     seen |= known
-                    busy |= known & (level > bucket.floors[j])
+                    busy |= known & (level > max(bucket.floors[j], IDLE_GPU_LEVEL))
     return seen & ~busy
 
 
