@@ -5,17 +5,20 @@ differs for minutes is faulty, and faults are rare. A serving fleet of mixed loa
 undeclared mixed roles, breaks it: a busy pod among idle ones is not faulty, yet it is an
 outlier on every activity metric, and a different pod tomorrow. Alerting there is noise.
 
-What we measure, per job and metric, over a rolling horizon: the *distinct* machines that were
-outliers (|z| above the alert threshold for two evaluations in a row) at some moment. In a job of
-peers that is the faulty machines only: about two faults a day per job, a handful over the
-horizon. In a fleet that is not alike, the outliers rotate and their number grows with the
-fleet. Most of one ``domain`` (a switch, a rack) outlying together counts once: a domain fault is
-one fault. The measured *coherence* is the share of the job's machines that
-stayed with their peers over the horizon, ``1 - distinct / machines``.
+What we measure, per job and metric, over a rolling horizon: the distinct outlier *events*,
+machines becoming outliers (|z| above the alert threshold for two evaluations in a row) for the
+first time in the horizon, those that do within a few evaluations of each other counting as one
+event (machines that fail together, a switch, a bad batch, are one fault). In a job of peers
+that is its faults: about two a day per job, a handful over the horizon. In a fleet that is not
+alike the outliers rotate, each at its own moment, and their number grows with the fleet. The
+measured *coherence* is the share of the job's machines that stayed with their peers over the
+horizon, ``1 - outlying machines / machines``.
 
-A metric is not peer-comparable while the distinct outliers exceed the allowance
-``max(min_outliers, share x machines)``; it is comparable again once they fall to half of it
-(hysteresis, so the verdict does not flap at the edge). While a metric is not peer-comparable
+A metric is not peer-comparable while the events exceed the allowance
+``max(min_outliers, share x machines)``, or while more than a quarter of the machines (and more
+than the allowance) are outliers at once (no fault takes that many apart from the median of the
+rest); it is comparable again once the events fall to half the allowance (hysteresis, so the
+verdict does not flap at the edge). While a metric is not peer-comparable
 its similarity findings are dropped, and the job carries one finding that says so, naming the
 metric and its coherence; hard-fault rules, silence and straggler detection are untouched.
 
@@ -43,7 +46,7 @@ class CoherenceState:
     coherence: float
     """Share of the job's machines that stayed with their peers over the horizon."""
     outliers: int
-    """Distinct outlying machines (a domain's together count once) over the horizon."""
+    """Distinct outlier events over the horizon (machines outlying together count once)."""
     allowance: int
     machines: int
     since_sec: int
@@ -51,17 +54,21 @@ class CoherenceState:
 
 
 class PeerCoherence:
-    """Per metric, how many distinct machines of a job were outliers over a rolling horizon.
+    """Per metric, the distinct outlier events of a job over a rolling horizon.
 
     Parameters
     ----------
     share, min_outliers
-        The allowance of distinct outliers: ``max(min_outliers, ceil(share x machines))``.
+        The allowance of distinct outlier events: ``max(min_outliers, ceil(share x machines))``.
     horizon_ticks
         How many evaluations back an outlier still counts.
-    domain_share, domain_min
-        Outliers of one domain count once when they are at least this share (and this count) of
-        its machines, as the domain rules judge a domain's fault.
+    spread_ticks
+        Machines that become outliers within this many evaluations of an event's first one
+        join that event: machines that fail together (a switch, a bad batch, a cooling row)
+        are one fault.
+    at_once
+        More than this share of the machines outlying at one evaluation is not peer-comparable
+        at once: no fault takes that many machines apart from a median of the rest.
     """
 
     def __init__(
@@ -69,26 +76,35 @@ class PeerCoherence:
         share: float,
         min_outliers: int,
         horizon_ticks: int,
-        domain_share: float = 0.5,
-        domain_min: int = 2,
+        spread_ticks: int = 3,
+        at_once: float = 0.25,
     ) -> None:
-        if not 0 < share < 1 or min_outliers < 1 or horizon_ticks < 1:
+        if (
+            not 0 < share < 1
+            or not 0 < at_once < 1
+            or min(min_outliers, horizon_ticks, spread_ticks) < 1
+        ):
             raise ValueError(
-                f"share={share!r}, min_outliers={min_outliers!r}, horizon_ticks={horizon_ticks!r}:"
-                " expected 0 < share < 1 and positive counts"
+                f"share={share!r}, at_once={at_once!r}, min_outliers={min_outliers!r}, "
+                f"horizon_ticks={horizon_ticks!r}, spread_ticks={spread_ticks!r}: expected "
+                "0 < share, at_once < 1 and positive counts"
             )
         self.share = share
-        self.domain_share = domain_share
-        self.domain_min = domain_min
+        self.at_once = at_once
         self.min_outliers = min_outliers
         self.horizon_ticks = horizon_ticks
+        self.spread_ticks = spread_ticks
         self._machine_tick: dict[str, np.ndarray] = {}
-        self._domain_tick: dict[str, np.ndarray] = {}
+        self._machine_event: dict[str, np.ndarray] = {}
+        self._first_scored: dict[str, np.ndarray] = {}
+        self._event: dict[str, tuple[int, int]] = {}
+        """Per metric: the latest event's id and first tick."""
+        self._ids: dict[str, int] = {}
         self._previous: dict[str, np.ndarray] = {}
         self._states: dict[str, CoherenceState] = {}
 
     def allowance(self, machines: int) -> int:
-        """Distinct outliers a job of ``machines`` peers may have over the horizon."""
+        """Distinct outlier events a job of ``machines`` peers may have over the horizon."""
         return max(self.min_outliers, math.ceil(self.share * machines))
 
     def states(self) -> list[CoherenceState]:
@@ -110,14 +126,13 @@ class PeerCoherence:
         absz: np.ndarray,
         threshold: float,
         scored: np.ndarray,
-        domains: np.ndarray,
         tick: int,
         sec: int,
     ) -> CoherenceState | None:
         """Take one evaluation of ``metric``; return its state when the verdict changed.
 
         ``absz`` is each machine's |z| (NaN: not scored), ``scored`` the machines in the job
-        and scored, ``domains`` each machine's domain code (-1: none).
+        and scored.
         """
         n = absz.shape[0]
         above = np.isfinite(absz) & (absz > threshold) & scored[:n]
@@ -129,37 +144,43 @@ class PeerCoherence:
             previous = grown
         self._previous[metric] = above
         lasting = np.flatnonzero(above & previous)
-        machine_tick = _sized(self._machine_tick, metric, n)
-        n_domains = int(domains.max()) + 1 if domains.size else 0
-        domain_tick = _sized(self._domain_tick, metric, n_domains)
-        if lasting.size:
-            codes = domains[lasting]
-            alone = lasting
-            if n_domains:
-                # Most of a domain (as the domain rules count it), not any two of its machines:
-                # a fleet's busy machines spread over its switches are no switch's fault.
-                size = np.bincount(
-                    domains[:n][scored[:n] & (domains[:n] >= 0)], minlength=n_domains
-                )
-                needed = np.maximum(self.domain_min, np.ceil(self.domain_share * size))
-                together = np.bincount(codes[codes >= 0], minlength=n_domains) >= needed
-                domain_tick[: together.size][together] = tick
-                alone = lasting[(codes < 0) | ~together[np.clip(codes, 0, None)]]
-            machine_tick[alone] = tick
+        machine_tick = _sized(self._machine_tick, metric, n, _NEVER)
+        machine_event = _sized(self._machine_event, metric, n, -1)
+        first_scored = _sized(self._first_scored, metric, n, _NEVER)
+        first_scored[: scored.shape[0]][(first_scored[:n] == _NEVER) & scored[:n]] = tick
         oldest = tick - self.horizon_ticks
-        outliers = int((machine_tick > oldest).sum() + (domain_tick > oldest).sum())
+        new = lasting[machine_tick[lasting] <= oldest]
+        if new.size:
+            next_id = self._ids.get(metric, 0)
+            event, first = self._event.get(metric, (-1, _NEVER))
+            # Apart from its first evaluations on: a role of its own, not a fault that struck
+            # it; machines of other roles are not one event however together they started.
+            young = tick - first_scored[new] <= self.spread_ticks + 1
+            born, struck = new[young], new[~young]
+            if struck.size:
+                if tick - first > self.spread_ticks:
+                    event, first, next_id = next_id, tick, next_id + 1
+                    self._event[metric] = (event, first)
+                machine_event[struck] = event
+            machine_event[born] = next_id + np.arange(born.size)
+            self._ids[metric] = next_id + born.size
+        machine_tick[lasting] = tick
+        recent = machine_tick > oldest
+        events = int(np.unique(machine_event[recent]).size)
+        outlying = int(recent.sum())
         machines = int(scored[:n].sum())
         allowance = self.allowance(machines)
+        crowd = lasting.size > max(allowance, math.ceil(self.at_once * machines))
         before = self._states.get(metric)
         was = True if before is None else before.comparable
-        now_comparable = outliers <= (allowance // 2 if not was else allowance)
-        coherence = 1.0 - outliers / machines if machines else 1.0
+        now_comparable = not crowd and events <= (allowance // 2 if not was else allowance)
+        coherence = 1.0 - outlying / machines if machines else 1.0
         changed = before is None or now_comparable != was
         state = CoherenceState(
             metric=metric,
             comparable=now_comparable,
             coherence=round(max(coherence, 0.0), 4),
-            outliers=outliers,
+            outliers=events,
             allowance=allowance,
             machines=machines,
             since_sec=sec if changed or before is None else before.since_sec,
@@ -170,11 +191,14 @@ class PeerCoherence:
         return state if changed else None
 
 
-def _sized(store: dict[str, np.ndarray], metric: str, n: int) -> np.ndarray:
-    """``store[metric]`` grown to ``n`` entries (new ones never seen)."""
+_NEVER = np.iinfo(np.int64).min // 2
+
+
+def _sized(store: dict[str, np.ndarray], metric: str, n: int, fill: int) -> np.ndarray:
+    """``store[metric]`` grown to ``n`` entries (new ones ``fill``)."""
     current = store.get(metric)
     if current is None or current.shape[0] < n:
-        grown = np.full(n, np.iinfo(np.int64).min // 2, dtype=np.int64)
+        grown = np.full(n, fill, dtype=np.int64)
         if current is not None:
             grown[: current.shape[0]] = current
         store[metric] = grown

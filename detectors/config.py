@@ -103,6 +103,18 @@ there is no busy reference: a machine busier than idle peers is no fault signal 
 taking requests), so it is not scored as an outlier above them. Congestion and error counters
 (PFC pauses, CNPs) are not here: there a surge above quiet peers is the fault."""
 
+RISES_WITH_LOAD: frozenset[str] = IDLE_AT_ZERO | frozenset(
+    {
+        "gpu_power_watts",
+        "gpu_sm_clock_hertz",
+        "gpu_temperature_celsius",
+        "gpu_memory_used_bytes",
+        "nccl_busbw_bytes_per_second",
+    }
+)
+"""Metrics that rise with a GPU's load. When a machine's peers' GPUs idle, reading above them
+on these is being busy, not faulty. Congestion and error counters are not here."""
+
 
 def metric_floor(metric: str, unit: str) -> float:
     """The scale floor of ``metric`` (:data:`METRIC_FLOORS`, else its unit's)."""

@@ -164,7 +164,6 @@ class MinderDetector:
         self._last_scored: int | None = None
         self._skipped_logged = False
         self._layout_cache: ScoreLayout | None = None
-        self._domains: np.ndarray | None = None
         self._too_few: tuple[int, int] | None = None
         self._coherence_horizon_s = cfg.coherence_horizon_s
         self.coherence = self._coherence(self.cadence)
@@ -201,12 +200,9 @@ class MinderDetector:
             math.ceil(cfg.coherence_horizon_s / cadence.interval_s), cfg.coherence_horizon_samples
         )
         self._coherence_horizon_s = int(ticks * cadence.interval_s)
+        # Machines failing together become outliers within a window of each other.
         return PeerCoherence(
-            cfg.coherence_share,
-            cfg.coherence_min_outliers,
-            ticks,
-            cfg.domain_fraction,
-            cfg.domain_min_machines,
+            cfg.coherence_share, cfg.coherence_min_outliers, ticks, cadence.window + 1
         )
 
     def _halt_watch(self, cadence: Cadence) -> HaltWatch:
@@ -389,8 +385,14 @@ class MinderDetector:
             results.append((bucket, result))
         idle = idle_gpus(results, n)
         findings += self._halt_culprits(window, now, results, idle)
+        # A job that was working within the coherence horizon has a busy reference, its own
+        # recent past: a machine still busy after the others halted is a suspect there (a hung
+        # kernel), so its peers' idle GPUs excuse nothing. A fleet that never worked as one
+        # (a serving fleet) keeps the excuse.
+        last = self.halts.last_working
+        worked = last is not None and tick - last <= self.coherence.horizon_ticks
         for bucket, result in results:
-            findings += self._confirm(window, now, bucket, result, scores, idle)
+            findings += self._confirm(window, now, bucket, result, scores, None if worked else idle)
         self.last_scores = scores
         return findings
 
@@ -479,7 +481,7 @@ class MinderDetector:
         bucket: ScoreBucket,
         result: BlockScores,
         scores: dict[str, tuple[np.ndarray, np.ndarray]],
-        idle: np.ndarray,
+        idle: np.ndarray | None,
     ) -> list[Finding]:
         """Advance continuity for a block's metrics; findings for the confirmed machines.
 
@@ -498,13 +500,7 @@ class MinderDetector:
             scores[metric] = (np.nan_to_num(top[:, j], nan=0.0), device_idx[:, j])
             factor = self._threshold_factor(metric)
             changed = self.coherence.update(
-                metric,
-                raw_top[:, j],
-                cfg.threshold * factor,
-                self._scored,
-                self._domain_codes(window),
-                tick,
-                now,
+                metric, raw_top[:, j], cfg.threshold * factor, self._scored, tick, now
             )
             if changed is not None:
                 self._coherence_changed(window, changed)
@@ -549,25 +545,11 @@ class MinderDetector:
                 )
         return findings
 
-    def _domain_codes(self, window: JobWindow) -> np.ndarray:
-        """Each machine's domain as a small integer (-1: none), cached per machine count."""
-        n = window.n_machines
-        if self._domains is None or self._domains.shape[0] != n:
-            names: dict[str, int] = {}
-            self._domains = np.asarray(
-                [
-                    names.setdefault(info.domain, len(names)) if info.domain else -1
-                    for info in window.machines
-                ],
-                dtype=np.int64,
-            )
-        return self._domains
-
     def _coherence_changed(self, window: JobWindow, state: CoherenceState) -> None:
         """Say once, in the log, that a metric stopped (or started again) being comparable."""
         if state.comparable:
             logger.info(
-                "job %s: %s is peer-comparable again (coherence %.2f, %d distinct outliers)",
+                "job %s: %s is peer-comparable again (coherence %.2f, %d outlier events)",
                 window.job[:64],
                 state.metric,
                 state.coherence,
@@ -575,9 +557,9 @@ class MinderDetector:
             )
         else:
             logger.info(
-                "job %s: machines are not alike on %s (coherence %.2f: %d distinct outliers of "
-                "%d machines, more than the %d faults could explain); no similarity alerts on "
-                "it while this holds",
+                "job %s: machines are not alike on %s (coherence %.2f: %d outlier events among "
+                "%d machines, more than the %d faults could explain, or too many apart at "
+                "once); no similarity alerts on it while this holds",
                 window.job[:64],
                 state.metric,
                 state.coherence,
@@ -614,9 +596,10 @@ class MinderDetector:
                     "allowance": state.allowance,
                     "machines": state.machines,
                     "since_ts": float(state.since_sec),
-                    "detail": f"{state.outliers} distinct machines were outliers on "
+                    "detail": f"{state.outliers} distinct outlier events on "
                     f"{state.metric} within {self._coherence_horizon_s} s (at most "
-                    f"{state.allowance} for peers): no similarity alerts on it",
+                    f"{state.allowance} for peers), or over a quarter of the machines apart at "
+                    "once: no similarity alerts on it",
                 }
             )
         return out

@@ -79,6 +79,8 @@ class HaltWatch:
         self.confirm = confirm
         self._pending: list[Culprit] = []
         self._idle_for = 0
+        self.last_working: int | None = None
+        """The last tick at which the job was working (None: never seen working)."""
         self._run = np.zeros(0, dtype=np.int64)
         self._best: list[tuple[str, int, float] | None] = []
         self._last: list[Culprit | None] = []
@@ -132,6 +134,8 @@ class HaltWatch:
         halted = self._working and not working
         self._working = working
         self._idle_for = 0 if working else self._idle_for + 1
+        if working:
+            self.last_working = tick
         if working:
             self._pending = []
         if halted:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.config import IDLE_AT_ZERO, metric_floor
+from detectors.config import IDLE_AT_ZERO, RISES_WITH_LOAD, metric_floor
 from detectors.window import JobWindow
 from minder.core.metrics import MetricKind
 
@@ -38,6 +38,8 @@ class ScoreBucket:
     floors: np.ndarray
     idle_at_zero: np.ndarray
     """Per metric: an activity that reads 0 when idle (:data:`detectors.config.IDLE_AT_ZERO`)."""
+    with_load: np.ndarray
+    """Per metric: it rises with load (:data:`detectors.config.RISES_WITH_LOAD`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,8 @@ def score_layout(window: JobWindow) -> ScoreLayout:
             [metric_floor(m, window.series_spec[by_metric[m][0]].unit) for m in metrics]
         )
         idle_at_zero = np.asarray([m in IDLE_AT_ZERO for m in metrics], dtype=bool)
-        buckets.append(ScoreBucket(metrics, columns, floors, idle_at_zero))
+        with_load = np.asarray([m in RISES_WITH_LOAD for m in metrics], dtype=bool)
+        buckets.append(ScoreBucket(metrics, columns, floors, idle_at_zero, with_load))
     all_cols = (
         np.concatenate([b.columns.ravel() for b in buckets])
         if buckets
@@ -286,15 +289,17 @@ def above_idle_peers(
 
     A machine's peers are idle on a metric of :data:`detectors.config.IDLE_AT_ZERO` when their
     median level is within the metric's floor of 0; ``idle_gpus`` (per machine, from
-    :func:`idle_gpus`) says its peers' GPUs idle, which covers the metrics that do not read 0
-    when idle (power, clocks, temperature). Then the job is not working and there is no busy
-    reference to fall short of: reading above idle peers (a serving pod taking requests) is no
-    fault signal. Reading below them still is.
+    :func:`idle_gpus`) says its peers' GPUs idle, which covers the metrics that rise with load
+    without reading 0 when idle (power, clocks, temperature). Then there is no busy reference
+    to fall short of: reading above idle peers (a serving pod taking requests) is no fault
+    signal. Reading below them still is, and so is a congestion counter (PFC pauses, CNPs)
+    above quiet peers. The engine does not apply this to a job that was working a moment ago:
+    there, a machine still busy while the rest halted is a suspect (a hung kernel).
     """
     with np.errstate(invalid="ignore"):
         idle = (result.medians <= bucket.floors[None, :]) & bucket.idle_at_zero[None, :]
         if idle_gpus is not None:
-            idle = idle | idle_gpus[:, None]
+            idle = idle | (idle_gpus[:, None] & bucket.with_load[None, :])
         return idle[:, :, None] & (result.z > 0)
 
 

@@ -197,42 +197,78 @@ def test_constant_zero_or_missing_metric_gives_no_alert_and_no_warning(fill: flo
     assert run.alerts == []
 
 
-def test_peer_coherence_counts_distinct_lasting_outliers_with_hysteresis() -> None:
-    tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=10)
-    n = 40
-    scored = np.ones(n, dtype=bool)
-    domains = np.full(n, -1)
-    assert tracker.allowance(n) == 3
+def _feed(tracker: PeerCoherence, ticks: range, n: int, apart: dict[int, list[int]]) -> list:
+    """Feed ``ticks``: at each, the machines ``apart[tick]`` are at z = 10, the rest at 0."""
     changes = []
-    for tick in range(30):
+    for tick in ticks:
         z = np.zeros(n)
-        # A new pair of machines deviates every 2 ticks, each for 2 ticks: they rotate.
-        first = (tick // 2) * 2 % n
-        z[[first, first + 1]] = 10.0
-        changed = tracker.update("m", z, 6.0, scored, domains, tick, 1000 + tick)
+        z[apart.get(tick, [])] = 10.0
+        changed = tracker.update("m", z, 6.0, np.ones(n, dtype=bool), tick, 1000 + tick)
         if changed is not None:
             changes.append((tick, changed.comparable))
+    return changes
+
+
+def test_peer_coherence_counts_rotating_outlier_events_with_hysteresis() -> None:
+    tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=40, spread_ticks=3)
+    n = 40
+    assert tracker.allowance(n) == 3
+    # Quiet for 10 ticks, then a new machine apart every 5 ticks, for 3 ticks each: they rotate.
+    apart = {t: [10 + (t - 10) // 5] for t in range(10, 40) if (t - 10) % 5 < 3}
+    changes = _feed(tracker, range(40), n, apart)
     assert changes and changes[0][1] is False
     state = tracker.states()[0]
     assert not state.comparable and state.outliers > state.allowance
     # The rotation stops: once the old outliers are older than the horizon, comparable again.
-    for tick in range(30, 45):
-        changed = tracker.update("m", np.zeros(n), 6.0, scored, domains, tick, 1000 + tick)
-        if changed is not None:
-            changes.append((tick, changed.comparable))
+    changes += _feed(tracker, range(40, 85), n, {})
     assert changes[-1][1] is True and tracker.comparable("m")
+
+
+def test_machines_that_fail_together_are_one_event() -> None:
+    """Six machines of 64 fall apart within two ticks of each other (a bad batch, a switch
+    without labels): one fault, still comparable, so their alerts are not dropped."""
+    tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=100, spread_ticks=3)
+    apart = {t: [1, 2, 3] + ([4, 5, 6] if t >= 21 else []) for t in range(20, 60)}
+    assert _feed(tracker, range(60), 64, apart) == []
+    assert tracker.comparable("m") and tracker.states()[0].outliers == 1
+
+
+def test_too_many_machines_apart_at_once_are_not_peers() -> None:
+    tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=100, spread_ticks=3)
+    apart = {t: list(range(12)) for t in range(20, 30)}  # 12 of 40 at once: over a quarter
+    changes = _feed(tracker, range(30), 40, apart)
+    assert changes == [(21, False)]
+
+
+def test_machines_apart_from_their_first_evaluations_count_one_by_one() -> None:
+    """Undeclared roles: 8 machines differ from the start. Together, but no fault struck
+    them: each is an event of its own, and the metric is not comparable."""
+    tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=100, spread_ticks=3)
+    changes = _feed(tracker, range(30), 40, {t: list(range(8)) for t in range(30)})
+    assert changes == [(1, False)]
+    assert tracker.states()[0].outliers == 8
 
 
 def test_peer_coherence_ignores_single_evaluation_blips() -> None:
     tracker = PeerCoherence(share=0.05, min_outliers=3, horizon_ticks=100)
     n = 20
-    for tick in range(60):
-        z = np.zeros(n)
-        z[tick % n] = 50.0  # a different machine each tick, never twice in a row
-        tracker.update("m", z, 6.0, np.ones(n, dtype=bool), np.full(n, -1), tick, tick)
+    _feed(tracker, range(60), n, {t: [t % n] for t in range(60)})  # never twice in a row
     assert tracker.comparable("m") and tracker.states()[0].outliers == 0
 
 
 def test_peer_coherence_refuses_bad_parameters() -> None:
     with pytest.raises(ValueError, match=r"share=1\.5"):
         PeerCoherence(share=1.5, min_outliers=3, horizon_ticks=10)
+
+
+@pytest.mark.parametrize("broken", [1, 4, 6])
+def test_several_machines_failing_together_are_all_named(broken: int) -> None:
+    """A bad batch (no domain labels): ``broken`` machines of 64 lose 70 % of their NVLink
+    traffic at the same moment. They are one fault, not a fleet of mixed load."""
+    rng = np.random.default_rng(12)
+    t, n = 160, 64
+    nvlink = 30e9 * (1 + rng.normal(0, 0.04, size=(t, n, GPUS)))
+    nvlink[60:, 10 : 10 + broken] *= 0.3
+    run = detect_table(_table({"gpu_nvlink_tx_bytes_per_second": nvlink}, 5))
+    assert _similarity(run) == {f"m{i:03d}" for i in range(10, 10 + broken)}
+    assert run.findings == []

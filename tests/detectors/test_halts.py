@@ -110,3 +110,34 @@ def test_a_lull_shorter_than_a_halt_names_nobody() -> None:
 def test_halt_watch_refuses_bad_parameters() -> None:
     with pytest.raises(ValueError, match="lead=0"):
         HaltWatch(0, 3)
+
+
+def test_a_machine_still_busy_after_its_job_halted_is_named() -> None:
+    """A hung kernel: the job halts, one machine's GPUs stay busy. Its peers' idle GPUs excuse
+    nothing in a job that was working a moment ago."""
+    table = _job(1, 160, halt_at=40, stopped={})
+    busy = _job(1, 160, halt_at=None, stopped={})
+    hung = (table["machine"] == "m07") & (table["ts"] >= START + 40)
+    table.loc[hung, "value"] = busy.loc[hung, "value"].to_numpy()
+    run = detect_table(table)
+    assert {a.machine for a in run.alerts} == {"m07"}
+
+
+def test_a_pause_storm_in_a_halted_job_is_named() -> None:
+    """Congestion counters are no activity: a surge above quiet, idle peers is the fault."""
+    table = _job(1, 160, halt_at=40, stopped={})
+    rng = np.random.default_rng(3)
+    rows = pd.DataFrame(
+        {
+            "ts": np.repeat(START + np.arange(160), 16),
+            "job": "j",
+            "machine": np.tile([f"m{i:02d}" for i in range(16)], 160),
+            "metric": "pfc_tx_pause_per_second",
+            "device": "mlx5_0",
+            "value": rng.poisson(3, 160 * 16).astype(float),
+        }
+    )
+    storm = (rows["machine"] == "m03") & (rows["ts"] >= START + 60)
+    rows.loc[storm, "value"] = 5000.0
+    run = detect_table(normalize_table(pd.concat([table, rows], ignore_index=True)))
+    assert {(a.machine, a.metric) for a in run.alerts} == {("m03", "pfc_tx_pause_per_second")}
