@@ -200,10 +200,9 @@ class MinderDetector:
             math.ceil(cfg.coherence_horizon_s / cadence.interval_s), cfg.coherence_horizon_samples
         )
         self._coherence_horizon_s = int(ticks * cadence.interval_s)
-        # Machines failing together become outliers within a window of each other.
-        return PeerCoherence(
-            cfg.coherence_share, cfg.coherence_min_outliers, ticks, cadence.window + 1
-        )
+        # Machines failing together become outliers within an evaluation or two of each other;
+        # an event does not chain on (a rotating fleet's onsets come every few evaluations).
+        return PeerCoherence(cfg.coherence_share, cfg.coherence_min_outliers, ticks, 2)
 
     def _halt_watch(self, cadence: Cadence) -> HaltWatch:
         """A machine must have stopped 5 s (3 samples at coarse sampling) before its peers: its

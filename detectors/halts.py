@@ -79,8 +79,10 @@ class HaltWatch:
         self.confirm = confirm
         self._pending: list[Culprit] = []
         self._idle_for = 0
+        self._working_for = 0
         self.last_working: int | None = None
-        """The last tick at which the job was working (None: never seen working)."""
+        """The last tick at which the job had been working for ``confirm`` evaluations in a row
+        (None: never): a job that works, not a fleet whose busy share crossed half a moment."""
         self._run = np.zeros(0, dtype=np.int64)
         self._best: list[tuple[str, int, float] | None] = []
         self._last: list[Culprit | None] = []
@@ -134,7 +136,8 @@ class HaltWatch:
         halted = self._working and not working
         self._working = working
         self._idle_for = 0 if working else self._idle_for + 1
-        if working:
+        self._working_for = self._working_for + 1 if working else 0
+        if self._working_for >= self.confirm:
             self.last_working = tick
         if working:
             self._pending = []
