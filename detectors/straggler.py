@@ -91,9 +91,9 @@ class StragglerConfig:
     transient_factor, transient_steps
         A transient straggler is this many times slower (1.5) for this many steps in a row (10).
     intermittent_allowance, intermittent_threshold, intermittent_clip
-        The intermittent rule: per rank, ``S = max(0, S + n * (r - k))`` over its new
-        observations, ``r = log(signal / reference)`` clipped to ``±log(intermittent_clip)``,
-        ``n`` the steps the observation covers, ``k = log(1 + intermittent_allowance)``; a
+        The intermittent rule: per rank, ``S = max(0, S + r - k)`` over its new observations
+        (each once, however many steps it covers), ``r = log(signal / reference)`` clipped to
+        ``±log(intermittent_clip)``, ``k = log(1 + intermittent_allowance)``; a
         straggler when ``S >= intermittent_threshold`` (``h``) with at least
         ``MIN_OBSERVATIONS`` observations above ``k`` and ``transient_steps`` steps in the
         accumulation (see :func:`accumulate_excess`). ``S`` is reset when it signals.
@@ -207,9 +207,12 @@ def accumulate_excess(
     excess: Excess, ratio: np.ndarray, steps: np.ndarray, config: StragglerConfig
 ) -> np.ndarray:
     """Add one observation per rank where ``ratio`` (its signal over its reference) is finite,
-    in place: ``S = max(0, S + n * (clip(log ratio) - k))``, ``n`` the steps it covers. Ranks
-    whose ratio is NaN (no new step, or a bad one) are left as they were: bad steps are never
-    accumulated. Returns which ranks started a new accumulation (S left 0)."""
+    in place: ``S = max(0, S + clip(log ratio) - k)``. An observation counts once however many
+    steps it covers: a scrape every minute of a job stepping every second reads one step's time
+    (``train_step_seconds`` is the last step's), and weighting its noise by the 60 steps would
+    turn one hiccup into a straggler. ``steps`` still counts the steps the accumulation spans.
+    Ranks whose ratio is NaN (no new step, or a bad one) are left as they were: bad steps are
+    never accumulated. Returns which ranks started a new accumulation (S left 0)."""
     cap = math.log(config.intermittent_clip)
     allowance = math.log1p(config.intermittent_allowance)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -217,7 +220,7 @@ def accumulate_excess(
     seen = np.isfinite(r)
     r = np.clip(np.where(seen, r, 0.0), -cap, cap)
     n = np.where(seen, steps, 0.0)
-    total = np.maximum(0.0, excess.total + n * (r - allowance))
+    total = np.maximum(0.0, excess.total + np.where(seen, r - allowance, 0.0))
     going = seen & (total > 0)
     started = going & (excess.total <= 0)
     excess.total[...] = np.where(seen, total, excess.total)
