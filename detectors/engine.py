@@ -402,19 +402,18 @@ class MinderDetector:
         results: list[tuple[ScoreBucket, BlockScores]],
         idle: np.ndarray,
     ) -> list[Finding]:
-        """Machines that fell below their peers shortly before the whole job went idle
+        """Machines apart from their peers shortly before the whole job went idle
         (:mod:`detectors.halts`): named at the halt, without waiting for continuity."""
         cfg = self.config
-        low: list[tuple[str, np.ndarray, np.ndarray]] = []
+        low: list[tuple[str, np.ndarray, np.ndarray, float]] = []
         where: dict[str, tuple[ScoreBucket, BlockScores, int]] = {}
         for bucket, result in results:
             for j, metric in enumerate(bucket.metrics):
                 if metric in LOW_METRICS:
                     z = result.z[:, j, :]
                     device = np.where(np.isfinite(z), np.abs(z), -1.0).argmax(axis=1)
-                    low.append(
-                        (metric, np.take_along_axis(z, device[:, None], axis=1)[:, 0], device)
-                    )
+                    top = np.take_along_axis(z, device[:, None], axis=1)[:, 0]
+                    low.append((metric, top, device, self._threshold_factor(metric)))
                     where[metric] = (bucket, result, j)
         allowance = self.coherence.allowance(int(self._scored.sum()))
         culprits = self.halts.update(

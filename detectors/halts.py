@@ -3,8 +3,8 @@
 A fail-stop fault (a GPU that hangs, a NIC that drops, a process that dies) often halts a
 synchronous job seconds later: every rank waits in the next collective until the job gives up,
 and then every machine idles alike. Peer similarity sees the faulty machine apart only between
-the fault and the halt, which can be shorter than the continuity a similarity alert needs (8 to
-16 samples: 8-16 s at the agent's 1 s). After the halt nothing tells the machines apart.
+the fault and the halt, often 8 to 16 samples, which at the agent's 1 s is shorter than the
+25-30 evaluations a similarity alert needs. After the halt nothing tells the machines apart.
 
 The order tells what the values cannot: the machine whose GPUs stood apart from their peers for
 several evaluations *before* the job went idle is the one that stopped it (a dead GPU reads below
@@ -98,7 +98,7 @@ class HaltWatch:
     def update(
         self,
         tick: int,
-        low: list[tuple[str, np.ndarray, np.ndarray]],
+        low: list[tuple[str, np.ndarray, np.ndarray, float]],
         threshold: float,
         scored: np.ndarray,
         idle: np.ndarray,
@@ -107,17 +107,21 @@ class HaltWatch:
         """Take one evaluation; return the culprits of a halt that began at ``tick``.
 
         ``low`` holds, per metric of :data:`LOW_METRICS` scored now, each machine's signed z at
-        its most deviating device and that device; ``idle`` says whose peers' GPUs read idle.
+        its most deviating device, that device, and the metric's threshold factor (a metric
+        the priority model trusts less needs a larger z); ``idle`` says whose peers' GPUs read
+        idle.
         """
         n = scored.shape[0]
         self._grow(n)
-        lowest = np.zeros(n)
-        which: list[tuple[str, int] | None] = [None] * n
-        for metric, z, device in low:
-            better = np.flatnonzero(np.abs(np.nan_to_num(z, nan=0.0)) > np.abs(lowest))
-            lowest[better] = z[better]
-            for m in better.tolist():
-                which[m] = (metric, int(device[m]))
+        lowest = np.zeros(n)  # the signed z of the most deviating metric, in thresholds
+        which_metric = np.full(n, -1, dtype=np.int64)
+        which_device = np.zeros(n, dtype=np.int64)
+        for j, (_, z, device, factor) in enumerate(low):
+            scaled = np.nan_to_num(z, nan=0.0) / factor
+            better = np.abs(scaled) > np.abs(lowest)
+            lowest[better] = scaled[better]
+            which_metric[better] = j
+            which_device[better] = device[better]
         below = scored & (np.abs(lowest) >= threshold)
         for m in np.flatnonzero(~below[:n] & (self._run[:n] > 0)).tolist():
             best = self._best[m]
@@ -126,11 +130,10 @@ class HaltWatch:
             self._best[m] = None
         self._run[:n] = np.where(below, self._run[:n] + 1, 0)
         for m in np.flatnonzero(below).tolist():
-            metric_device = which[m]
-            assert metric_device is not None
             best = self._best[m]
-            if best is None or abs(lowest[m]) > abs(best[2]):
-                self._best[m] = (metric_device[0], metric_device[1], float(lowest[m]))
+            if best is None or abs(lowest[m]) * low[int(which_metric[m])][3] > abs(best[2]):
+                metric, _, _, factor = low[int(which_metric[m])]
+                self._best[m] = (metric, int(which_device[m]), float(lowest[m]) * factor)
         in_job = int(scored.sum())
         working = in_job > 0 and int((idle & scored).sum()) * 2 < in_job
         halted = self._working and not working
