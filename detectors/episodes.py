@@ -12,7 +12,7 @@ a scheduler's kill, which is one membership change of the job and no alert. Only
 one domain, and enough of it, is it a fault: the domain's switch or rack.
 
 A batch that fell silent together and comes back (at least half of it reports again within
-``OUTAGE_RETURN_S``, without having said goodbye) was not scaled down: a scheduler replaces
+``OUTAGE_RETURN_S``, 10 minutes, without having said goodbye) was not scaled down: a scheduler replaces
 machines it removed, it does not bring the same ones back minutes later. It was unreachable
 together (a switch without domain labels, a partition): one alert then, when they are back,
 naming their common domain or, without one, each machine.
@@ -27,8 +27,9 @@ from detectors.findings import Finding
 from detectors.window import JobWindow
 from minder.core.alert import AlertKind
 
-OUTAGE_RETURN_S = 1800
-"""A silent batch that reports again within this long was unreachable, not scaled down."""
+OUTAGE_RETURN_S = 600
+"""A silent batch that reports again within this long was unreachable, not scaled down. Short:
+an elastic job scaled down and up again onto the same nodes would read as an outage too."""
 DOMAIN_FAMILIES = frozenset({"silence", "nic"})
 """Rule families whose findings may be a shared domain's fault."""
 
