@@ -44,6 +44,7 @@ from detectors.scoring import (
     ScoreBucket,
     ScoreLayout,
     above_idle_peers,
+    busy_gpus,
     idle_gpus,
     lag_tolerant_means,
     median_scores,
@@ -65,6 +66,10 @@ LAG_SAMPLES = 1
 HALT_LEAD_S = 5
 HALT_LEAD_SAMPLES = 3
 """A machine named for stopping before its job halted was below its peers this long first."""
+WORKED_S = 120
+WORKED_SAMPLES = 4
+"""A job works once most of its GPUs worked this long in a row (4 samples at coarse sampling):
+then its own recent past is a busy reference, and peers' idle GPUs excuse nothing."""
 HALT_CONFIRM_S = 30
 """A job idle this long (3 samples at coarse sampling) halted; a shorter lull (a data-loading
 phase of a step, a short checkpoint) names nobody."""
@@ -211,7 +216,8 @@ class MinderDetector:
         ticks) before they read idle."""
         lead = max(math.ceil(HALT_LEAD_S / cadence.interval_s - 1e-9), HALT_LEAD_SAMPLES)
         confirm = max(math.ceil(HALT_CONFIRM_S / cadence.interval_s - 1e-9), HALT_LEAD_SAMPLES)
-        return HaltWatch(lead + cadence.window - 1, cadence.window + 2, confirm)
+        worked = max(math.ceil(WORKED_S / cadence.interval_s - 1e-9), WORKED_SAMPLES)
+        return HaltWatch(lead + cadence.window - 1, cadence.window + 2, confirm, worked)
 
     def _follow_cadence(self, window: JobWindow) -> None:
         """Take up the window's tick and series intervals when they change."""
@@ -417,7 +423,13 @@ class MinderDetector:
                     where[metric] = (bucket, result, j)
         allowance = self.coherence.allowance(int(self._scored.sum()))
         culprits = self.halts.update(
-            window.tick_of(now), low, cfg.threshold, self._scored, idle, allowance
+            window.tick_of(now),
+            low,
+            cfg.threshold,
+            self._scored,
+            idle,
+            allowance,
+            busy_gpus(results, window.n_machines),
         )
         out = []
         for c in culprits:

@@ -12,8 +12,8 @@ a scheduler's kill, which is one membership change of the job and no alert. Only
 one domain, and enough of it, is it a fault: the domain's switch or rack.
 
 A batch that fell silent together and comes back (at least half of it reports again within
-``OUTAGE_RETURN_S``, 10 minutes, without having said goodbye) was not scaled down: a scheduler replaces
-machines it removed, it does not bring the same ones back minutes later. It was unreachable
+``OUTAGE_RETURN_S``, 10 minutes, without having said goodbye) was not scaled down: a scheduler
+replaces machines it removed, it does not bring the same ones back minutes later. It was unreachable
 together (a switch without domain labels, a partition): one alert then, when they are back,
 naming their common domain or, without one, each machine.
 """

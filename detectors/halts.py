@@ -62,14 +62,17 @@ class HaltWatch:
         How many ticks before the halt that run may have ended (the window mean needs a window
         to follow the peers down to idle: a machine already at 0 stops being apart from them
         before they read idle).
+    worked
+        Evaluations in a row a job must work before :attr:`last_working` counts it as a job
+        that works (a fleet whose first windows read busy for a moment is not).
     confirm
         Evaluations the job must stay idle before it halted: the culprits are chosen when it
         goes idle and named once it stayed so; a lull that ends sooner (a data-loading phase,
         a short checkpoint) names nobody.
     """
 
-    def __init__(self, lead: int, memory: int, confirm: int = 1) -> None:
-        if lead < 1 or memory < 0 or confirm < 1:
+    def __init__(self, lead: int, memory: int, confirm: int = 1, worked: int = 1) -> None:
+        if lead < 1 or memory < 0 or confirm < 1 or worked < 1:
             raise ValueError(
                 f"lead={lead!r}, memory={memory!r}, confirm={confirm!r}: expected lead >= 1, "
                 "memory >= 0, confirm >= 1"
@@ -77,11 +80,12 @@ class HaltWatch:
         self.lead = lead
         self.memory = memory
         self.confirm = confirm
+        self.worked = worked
         self._pending: list[Culprit] = []
         self._idle_for = 0
         self._working_for = 0
         self.last_working: int | None = None
-        """The last tick at which the job had been working for ``confirm`` evaluations in a row
+        """The last tick at which the job had been working for ``worked`` evaluations in a row
         (None: never): a job that works, not a fleet whose busy share crossed half a moment."""
         self._run = np.zeros(0, dtype=np.int64)
         self._best: list[tuple[str, int, float] | None] = []
@@ -103,13 +107,14 @@ class HaltWatch:
         scored: np.ndarray,
         idle: np.ndarray,
         allowance: int,
+        busy: np.ndarray | None = None,
     ) -> list[Culprit]:
         """Take one evaluation; return the culprits of a halt that began at ``tick``.
 
         ``low`` holds, per metric of :data:`LOW_METRICS` scored now, each machine's signed z at
         its most deviating device, that device, and the metric's threshold factor (a metric
-        the priority model trusts less needs a larger z); ``idle`` says whose peers' GPUs read
-        idle.
+        the priority model trusts less needs a larger z); ``idle`` and ``busy`` say whose peers'
+        GPUs read idle, and whose work (``busy`` defaults to not idle).
         """
         n = scored.shape[0]
         self._grow(n)
@@ -135,12 +140,16 @@ class HaltWatch:
                 metric, _, _, factor = low[int(which_metric[m])]
                 self._best[m] = (metric, int(which_device[m]), float(lowest[m]) * factor)
         in_job = int(scored.sum())
-        working = in_job > 0 and int((idle & scored).sum()) * 2 < in_job
+        if busy is None:
+            busy = ~idle
+        # Working: most machines' peers' GPUs are known to work (not merely not known idle,
+        # as while the first windows fill).
+        working = in_job > 0 and int((busy[:n] & scored).sum()) * 2 > in_job
         halted = self._working and not working
         self._working = working
         self._idle_for = 0 if working else self._idle_for + 1
         self._working_for = self._working_for + 1 if working else 0
-        if self._working_for >= self.confirm:
+        if self._working_for >= self.worked:
             self.last_working = tick
         if working:
             self._pending = []

@@ -316,6 +316,20 @@ IDLE_GPU_LEVEL = 0.05
 housekeeping kernels for a few percent of the time (a serving pod between requests)."""
 
 
+def busy_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
+    """Per machine: its peers' GPUs work (a :data:`GPU_ACTIVITY` median above
+    :data:`IDLE_GPU_LEVEL`). Not the complement of :func:`idle_gpus`: neither holds while no
+    median is known yet."""
+    busy = np.zeros(n, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for bucket, result in results:
+            for j, metric in enumerate(bucket.metrics):
+                if metric in GPU_ACTIVITY:
+                    level = result.medians[:, j]
+                    busy |= np.isfinite(level) & (level > max(bucket.floors[j], IDLE_GPU_LEVEL))
+    return busy
+
+
 def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
     """Per machine: its peers' GPUs sit idle, on every :data:`GPU_ACTIVITY` metric the job
     reports (median at most :data:`IDLE_GPU_LEVEL`). Every one, not any: while the host feeds

@@ -113,11 +113,11 @@ def test_halt_watch_refuses_bad_parameters() -> None:
 
 
 def test_a_machine_still_busy_after_its_job_halted_is_named() -> None:
-    """A hung kernel: the job halts, one machine's GPUs stay busy. Its peers' idle GPUs excuse
-    nothing in a job that was working a moment ago."""
-    table = _job(1, 160, halt_at=40, stopped={})
-    busy = _job(1, 160, halt_at=None, stopped={})
-    hung = (table["machine"] == "m07") & (table["ts"] >= START + 40)
+    """A hung kernel: the job halts after working for minutes, one machine's GPUs stay busy.
+    Its peers' idle GPUs excuse nothing in a job that was working a moment ago."""
+    table = _job(1, 300, halt_at=160, stopped={})
+    busy = _job(1, 300, halt_at=None, stopped={})
+    hung = (table["machine"] == "m07") & (table["ts"] >= START + 160)
     table.loc[hung, "value"] = busy.loc[hung, "value"].to_numpy()
     run = detect_table(table)
     assert {a.machine for a in run.alerts} == {"m07"}
