@@ -44,8 +44,7 @@ from detectors.scoring import (
     ScoreBucket,
     ScoreLayout,
     above_idle_peers,
-    busy_gpus,
-    idle_gpus,
+    gpu_activity,
     lag_tolerant_means,
     median_scores,
     pairwise_scores,
@@ -170,7 +169,6 @@ class MinderDetector:
         self._skipped_logged = False
         self._layout_cache: ScoreLayout | None = None
         self._too_few: tuple[int, int] | None = None
-        self._coherence_horizon_s = cfg.coherence_horizon_s
         self.coherence = self._coherence(self.cadence)
         self.halts = self._halt_watch(self.cadence)
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -204,7 +202,6 @@ class MinderDetector:
         ticks = max(
             math.ceil(cfg.coherence_horizon_s / cadence.interval_s), cfg.coherence_horizon_samples
         )
-        self._coherence_horizon_s = int(ticks * cadence.interval_s)
         # Machines failing together become outliers within an evaluation or two of each other;
         # an event does not chain on (a rotating fleet's onsets come every few evaluations).
         return PeerCoherence(cfg.coherence_share, cfg.coherence_min_outliers, ticks, 2)
@@ -388,8 +385,8 @@ class MinderDetector:
                 result = score(block, comparisons, cfg.rel_floor, bucket.floors)
             result.z[~self._scored] = np.nan
             results.append((bucket, result))
-        idle = idle_gpus(results, n)
-        findings += self._halt_culprits(window, now, results, idle)
+        idle, busy = gpu_activity(results, n)
+        findings += self._halt_culprits(window, now, results, idle, busy)
         # A job that was working within the coherence horizon has a busy reference, its own
         # recent past: a machine still busy after the others halted is a suspect there (a hung
         # kernel), so its peers' idle GPUs excuse nothing. A fleet that never worked as one
@@ -407,6 +404,7 @@ class MinderDetector:
         now: int,
         results: list[tuple[ScoreBucket, BlockScores]],
         idle: np.ndarray,
+        busy: np.ndarray,
     ) -> list[Finding]:
         """Machines apart from their peers shortly before the whole job went idle
         (:mod:`detectors.halts`): named at the halt, without waiting for continuity."""
@@ -429,7 +427,7 @@ class MinderDetector:
             self._scored,
             idle,
             allowance,
-            busy_gpus(results, window.n_machines),
+            busy,
         )
         out = []
         for c in culprits:
@@ -594,6 +592,7 @@ class MinderDetector:
                     "compare, only the hard-fault rules run",
                 }
             )
+        horizon_s = round(self.coherence.horizon_ticks * self.cadence.interval_s)
         for state in self.coherence.states():
             if state.comparable:
                 continue
@@ -607,7 +606,7 @@ class MinderDetector:
                     "machines": state.machines,
                     "since_ts": float(state.since_sec),
                     "detail": f"{state.outliers} distinct outlier events on "
-                    f"{state.metric} within {self._coherence_horizon_s} s (at most "
+                    f"{state.metric} within {horizon_s} s (at most "
                     f"{state.allowance} for peers), or over a quarter of the machines apart at "
                     "once: no similarity alerts on it",
                 }

@@ -9,7 +9,7 @@ the fault and the halt, often 8 to 16 samples, which at the agent's 1 s is short
 The order tells what the values cannot: the machine whose GPUs stood apart from their peers for
 several evaluations *before* the job went idle is the one that stopped it (a dead GPU reads below
 its peers; a hung one may read above them while they wait for it). When the job goes from
-working to idle (most machines' peers read idle GPUs, :func:`detectors.scoring.idle_gpus`) and
+working to idle (most machines' peers read idle GPUs, :func:`detectors.scoring.gpu_activity`) and
 stays idle (a lull of a few seconds is no halt), the machines that were apart from their peers
 on a GPU activity metric or on power for at least ``lead`` evaluations, ending at most a window
 before the halt, are named, provided they are few (the coherence allowance: a job that halts
@@ -23,15 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LOW_METRICS: frozenset[str] = frozenset(
-    {
-        "gpu_util_ratio",
-        "gpu_sm_active_ratio",
-        "gpu_tensor_active_ratio",
-        "gpu_gr_engine_active_ratio",
-        "gpu_power_watts",
-    }
-)
+from detectors.scoring import GPU_ACTIVITY
+
+LOW_METRICS: frozenset[str] = frozenset(GPU_ACTIVITY) | {"gpu_power_watts"}
 """Metrics on which a stopped or hung GPU stands apart from its working (or waiting) peers."""
 
 
@@ -107,14 +101,14 @@ class HaltWatch:
         scored: np.ndarray,
         idle: np.ndarray,
         allowance: int,
-        busy: np.ndarray | None = None,
+        busy: np.ndarray,
     ) -> list[Culprit]:
         """Take one evaluation; return the culprits of a halt that began at ``tick``.
 
         ``low`` holds, per metric of :data:`LOW_METRICS` scored now, each machine's signed z at
         its most deviating device, that device, and the metric's threshold factor (a metric
         the priority model trusts less needs a larger z); ``idle`` and ``busy`` say whose peers'
-        GPUs read idle, and whose work (``busy`` defaults to not idle).
+        GPUs read idle, and whose work (:func:`detectors.scoring.gpu_activity`).
         """
         n = scored.shape[0]
         self._grow(n)
@@ -140,8 +134,6 @@ class HaltWatch:
                 metric, _, _, factor = low[int(which_metric[m])]
                 self._best[m] = (metric, int(which_device[m]), float(lowest[m]) * factor)
         in_job = int(scored.sum())
-        if busy is None:
-            busy = ~idle
         # Working: most machines' peers' GPUs are known to work (not merely not known idle,
         # as while the first windows fill).
         working = in_job > 0 and int((busy[:n] & scored).sum()) * 2 > in_job

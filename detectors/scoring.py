@@ -289,7 +289,7 @@ def above_idle_peers(
 
     A machine's peers are idle on a metric of :data:`detectors.config.IDLE_AT_ZERO` when their
     median level is within the metric's floor of 0; ``idle_gpus`` (per machine, from
-    :func:`idle_gpus`) says its peers' GPUs idle, which covers the metrics that rise with load
+    :func:`gpu_activity`) says its peers' GPUs idle, which covers the metrics that rise with load
     without reading 0 when idle (power, clocks, temperature). Then there is no busy reference
     to fall short of: reading above idle peers (a serving pod taking requests) is no fault
     signal. Reading below them still is, and so is a congestion counter (PFC pauses, CNPs)
@@ -316,25 +316,15 @@ IDLE_GPU_LEVEL = 0.05
 housekeeping kernels for a few percent of the time (a serving pod between requests)."""
 
 
-def busy_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
-    """Per machine: its peers' GPUs work (a :data:`GPU_ACTIVITY` median above
-    :data:`IDLE_GPU_LEVEL`). Not the complement of :func:`idle_gpus`: neither holds while no
-    median is known yet."""
-    busy = np.zeros(n, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        for bucket, result in results:
-            for j, metric in enumerate(bucket.metrics):
-                if metric in GPU_ACTIVITY:
-                    level = result.medians[:, j]
-                    busy |= np.isfinite(level) & (level > max(bucket.floors[j], IDLE_GPU_LEVEL))
-    return busy
+def gpu_activity(
+    results: list[tuple[ScoreBucket, BlockScores]], n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per machine: whether its peers' GPUs sit idle, and whether they work.
 
-
-def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndarray:
-    """Per machine: its peers' GPUs sit idle, on every :data:`GPU_ACTIVITY` metric the job
-    reports (median at most :data:`IDLE_GPU_LEVEL`). Every one, not any: while the host feeds
-    the GPUs (a data-loading phase of each step) tensor activity reads 0 but the GPUs still run
-    kernels."""
+    Idle: on every :data:`GPU_ACTIVITY` metric the job reports the peers' median is at most
+    :data:`IDLE_GPU_LEVEL`. Every one, not any: while the host feeds the GPUs (a data-loading
+    phase of each step) tensor activity reads 0 but the GPUs still run kernels. Working: one
+    such median above it. Neither holds while no median is known yet (the first windows)."""
     seen = np.zeros(n, dtype=bool)
     busy = np.zeros(n, dtype=bool)
     with np.errstate(invalid="ignore"):
@@ -345,7 +335,7 @@ def idle_gpus(results: list[tuple[ScoreBucket, BlockScores]], n: int) -> np.ndar
                     known = np.isfinite(level)
                     seen |= known
                     busy |= known & (level > max(bucket.floors[j], IDLE_GPU_LEVEL))
-    return seen & ~busy
+    return seen & ~busy, busy
 
 
 def lag_tolerant_means(
