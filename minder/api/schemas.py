@@ -109,10 +109,10 @@ class JobFindingOut(BaseModel):
         "the detector's horizon (0-1); null when not measured"
     )
     outliers: int | None = Field(
-        description="distinct outlying machines over the horizon (a failure domain's together "
-        "count once)"
+        description="distinct outlier events over the horizon (machines that became outliers "
+        "together count once; machines apart from their first evaluations one by one)"
     )
-    allowance: int | None = Field(description="distinct outliers a job of peers may have")
+    allowance: int | None = Field(description="outlier events a job of peers may have")
     machines: int = Field(description="machines in the job when measured")
     since_ts: float = Field(description="unix seconds, data time: when the finding began")
     updated_ts: float | None = Field(

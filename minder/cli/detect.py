@@ -89,7 +89,7 @@ def finding_line(finding: dict[str, object]) -> str:
     if finding.get("finding") == "not_peer_comparable":
         return (
             f"machines are not alike on {finding['metric']} (coherence {finding['coherence']}: "
-            f"{finding['outliers']} distinct outliers of {finding['machines']} machines, at "
+            f"{finding['outliers']} outlier events among {finding['machines']} machines, at "
             f"most {finding['allowance']} for peers) from {float(str(finding['since_ts'])):.0f}"
             + (f" to {float(str(finding['until_ts'])):.0f}" if "until_ts" in finding else "")
             + "; no similarity alerts on it meanwhile"

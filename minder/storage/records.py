@@ -196,8 +196,9 @@ class JobFinding:
 
     ``not_peer_comparable``: the job's machines are not alike on ``metric`` (no similarity
     alerts on it while it holds; ``coherence`` is the share of machines that stayed with their
-    peers, ``outliers`` the distinct outlying machines over the detector's horizon and
-    ``allowance`` how many a job of peers may have); ``too_few_machines``: fewer than four
+    peers, ``outliers`` the distinct outlier events over the detector's horizon (machines
+    that became outliers together count once) and ``allowance`` how many a job of peers may
+    have); ``too_few_machines``: fewer than four
     machines, no peers (``metric`` is ``None``). ``since_ts``: data time the finding began;
     ``updated_ts``: data time it was last written (set by the store, ``None`` before).
     """
