@@ -6,8 +6,10 @@ every few seconds another machine's batch carries an XID (the fault; each machin
 since a fault recurring within the rules' re-arm time is the same episode). The bench measures,
 per fault: onset (the XID's timestamp) → alert stored → node DRAIN visible in a real one-host
 ``slurmctld``
-(``scontrol show node``, polled every 20 ms). Each fault is then resolved through the API, and the
-node must be back to IDLE before the next fault on it. A signed webhook receiver answers 500 for
+(``scontrol show node``, polled every 20 ms). The job is a real Slurm job (a ``sleep`` on every
+faulty node) whose id the batches carry, since Minder drains only a node the scheduler says runs
+the alert's job. Each fault is then resolved through the API, and the node must be back out of
+DRAIN before the next fault on it. A signed webhook receiver answers 500 for
 the first half of the faults and 204 after: the bench reports how long each alert took to
 reach it and how many attempts it took.
 
@@ -39,6 +41,7 @@ from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
 from minder.config import Settings, WebhookEndpoint
 from minder.core.records import Event, EventKind
+from minder.core.signing import FleetSigner, init_cluster_keys
 from minder.service.stack import build_stack
 from minder.stream import BatchProducer, EmbeddedBroker
 from minder.stream.broker import free_port
@@ -86,20 +89,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(faults: int, gap_s: float) -> dict[str, Any]:
-    scenario = Scenario.model_validate(
-        {
-            "seed": 3,
-            "duration_s": int(faults * (gap_s + 6) + 60),
-            "jobs": [
-                {
-                    "name": "lat",
-                    "machines": faults + 8,
-                    "machines_per_domain": 8,
-                    "step_time_s": 3.0,
-                }
-            ],
-        }
-    )
+    duration_s = int(faults * (gap_s + 6) + 60)
     nodes = [f"lat-n{i:04d}" for i in range(1, faults + 1)]
     receiver = Receiver()
     with (
@@ -107,6 +97,23 @@ def run(faults: int, gap_s: float) -> dict[str, Any]:
         EmbeddedBroker() as broker,
         SlurmCluster(nodes=nodes) as slurm,
     ):
+        # the job the batches name, running on every faulty node (the scheduler's check)
+        job_id = slurm.submit_sleep(nodes, seconds=duration_s + 600)
+        scenario = Scenario.model_validate(
+            {
+                "seed": 3,
+                "duration_s": duration_s,
+                "jobs": [
+                    {
+                        "name": job_id,
+                        "machine_prefix": "lat-n",
+                        "machines": faults + 8,
+                        "machines_per_domain": 8,
+                        "step_time_s": 3.0,
+                    }
+                ],
+            }
+        )
         settings = Settings()
         suffix = uuid.uuid4().hex[:8]
         settings.kafka.bootstrap = broker.bootstrap
@@ -114,6 +121,10 @@ def run(faults: int, gap_s: float) -> dict[str, Any]:
         settings.kafka.group_id = f"bench-{suffix}"
         settings.database.url = f"sqlite:///{tmp}/minder.db"
         settings.api.port = free_port()
+        settings.api.token = "bench-token"  # the resolves below are changes
+        auth = {"authorization": "Bearer bench-token"}
+        settings.auth.keys_file = Path(tmp) / "cluster.keys"  # batches signed, as agents sign
+        signer = FleetSigner(init_cluster_keys(settings.auth.keys_file, "bench"))
         settings.actions.target = "slurm"
         settings.actions.enforce = True
         settings.actions.max_per_job = 1000
@@ -132,7 +143,9 @@ def run(faults: int, gap_s: float) -> dict[str, Any]:
         schedule = [(time.time() + 20 + i * gap_s, nodes[i]) for i in range(faults)]
 
         def publish() -> None:
-            with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+            with BatchProducer(
+                broker.bootstrap, topic=settings.kafka.metrics_topic, signer=signer
+            ) as producer:
                 for ts, batches in iter_batches(scenario, start_ts=time.time() + 1):
                     if stop.is_set():
                         return
@@ -165,7 +178,7 @@ def run(faults: int, gap_s: float) -> dict[str, Any]:
                         continue
                     drained_at = time.time()
                     alert_id = reason.split()[0].removeprefix("minder:")
-                    alert = httpx.get(f"{api}/alerts/{alert_id}").json()
+                    alert = httpx.get(f"{api}/alerts/{alert_id}", headers=auth).json()
                     results.append({
                         "fault": index,
                         "node": node,
@@ -181,8 +194,11 @@ def run(faults: int, gap_s: float) -> dict[str, Any]:
                         f"{drained_at - onset:.2f} s after onset",
                         file=sys.stderr,
                     )
-                    httpx.patch(f"{api}/alerts/{alert_id}", json={"status": "resolved"})
-                    slurm.wait_idle(node, timeout_s=30)
+                    resolved = httpx.patch(
+                        f"{api}/alerts/{alert_id}", json={"status": "resolved"}, headers=auth
+                    )
+                    resolved.raise_for_status()
+                    slurm.wait_for_state(node, lambda f: "DRAIN" not in f, timeout_s=30)
                     with lock:
                         pending.pop(node, None)
                 time.sleep(0.02)

@@ -162,6 +162,7 @@ def produce(args: argparse.Namespace) -> None:
 
     jobs = dict(_parse_jobs(args.jobs))
     encoders = AgentEncoders()
+    signer = _signer()
     producer = _kafka_producer(args.bootstrap)
     out: dict[str, Any] = {"minder_file": minder.__file__, "mode": args.mode}
     cpu0 = time.process_time()
@@ -179,7 +180,8 @@ def produce(args: argparse.Namespace) -> None:
             t = time.process_time()
             for batch in item[1]:
                 key, payload = encoders.encode(batch)
-                producer.send(args.topic, value=payload, key=key)
+                headers = None if signer is None else [signer.header(batch.node, payload)]
+                producer.send(args.topic, value=payload, key=key, headers=headers)
                 bytes_sent += len(payload)
                 sent += 1
             enc_cpu += time.process_time() - t
@@ -203,7 +205,8 @@ def produce(args: argparse.Namespace) -> None:
             for batch in seconds[i % cached]:
                 live = dataclasses.replace(batch, ts=float(tick))
                 key, payload = encoders.encode(live)
-                producer.send(args.topic, value=payload, key=key)
+                headers = None if signer is None else [signer.header(live.node, payload)]
+                producer.send(args.topic, value=payload, key=key, headers=headers)
                 bytes_sent += len(payload)
                 sent += 1
             producer.flush(60)
@@ -252,11 +255,36 @@ def balanced_job_names(jobs: int, partitions: int, prefix: str = "job") -> list[
     return names
 
 
+_KEYS_DIR = tempfile.mkdtemp(prefix="ingest-keys-")
+
+
+def _keys_file() -> str:
+    """A cluster key file for the run: workers that verify signatures read it, the producer
+    signs with it (a tree older than signatures ignores both)."""
+    path = Path(_KEYS_DIR) / "cluster.keys"
+    if not path.exists():
+        from minder.core.signing import init_cluster_keys  # noqa: PLC0415
+
+        init_cluster_keys(path, "bench")
+    return str(path)
+
+
 def _env(root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
     env["PYTHONPATH"] = str(root)
+    env["MINDER_AUTH__KEYS_FILE"] = _keys_file()
     env.update(extra or {})
     return env
+
+
+def _signer() -> Any:
+    """Signs as each node's agent would, when the measured tree has signatures (else None)."""
+    keys_file = os.environ.get("MINDER_AUTH__KEYS_FILE")
+    try:
+        from minder.core.signing import FleetSigner, load_cluster_keys  # noqa: PLC0415
+    except ImportError:
+        return None
+    return None if not keys_file else FleetSigner(load_cluster_keys(Path(keys_file))[-1])
 
 
 def check_root(root: Path) -> str:

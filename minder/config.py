@@ -287,18 +287,22 @@ class ApiSettings(BaseModel):
     port: int = Field(8080, ge=0, le=65535)
     token: str | None = Field(
         None,
-        description="bearer token of the mutating endpoints (and of reads with protect_reads); "
-        "none = changes refused (403) unless open",
+        description="bearer token of the mutating endpoints and of every /api/v1 read; none = "
+        "changes refused (403) unless open, reads only from loopback unless open_reads",
     )
     open: bool = Field(
         False,
-        description="without a token, let anyone who reaches the port make changes (a trial on "
-        "a trusted network only; a warning is logged at start)",
+        description="without a token, let anyone who reaches the port make changes and read (a "
+        "trial on a trusted network only; a warning is logged at start)",
+    )
+    open_reads: bool = Field(
+        False,
+        description="without a token, serve the /api/v1 reads to any client, not only to "
+        "loopback ones (changes stay refused)",
     )
     protect_reads: bool = Field(
         False,
-        description="every /api/v1 read needs the token too (/health, /ready, /metrics and the "
-        "docs stay open)",
+        description="deprecated, no effect: with a token every /api/v1 read needs it",
     )
     allowed_hosts: list[str] | None = Field(
         None,
@@ -311,11 +315,33 @@ class ApiSettings(BaseModel):
         "none by default",
     )
     keep_alive_s: int = Field(5, ge=1, le=3600, description="idle keep-alive connections close")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="a connection whose request line and headers are not complete this long "
+        "after it opened (or after the first byte of its next request) gets 408 and is closed",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="connections held at once; past it a new one closes the one waiting "
+        "longest for its request head, or gets 503; none = 3/4 of the open-file limit "
+        "(ulimit -n), at most 4096",
+    )
     body_timeout_s: float = Field(
         30.0,
         gt=0,
         le=3600,
         description="a request body that stalls this long gets 408 and its connection closed",
+    )
+    body_min_rate: int = Field(
+        1024,
+        ge=1,
+        le=1 << 30,
+        description="bytes per second a request body must average after its first "
+        "body_timeout_s seconds (slower gets 408)",
     )
     external_url: str | None = Field(
         None,
@@ -333,10 +359,16 @@ class ApiSettings(BaseModel):
                 "expected one of them (the token restricts changes to its holders, open mode "
                 "lets anyone change)"
             )
+        if self.token is not None and self.open_reads:
+            raise ValueError(
+                "open reads (MINDER_API__OPEN_READS=true) and a token (MINDER_API__TOKEN) are "
+                "both set: expected one of them (with a token every read needs it, open reads "
+                "serve them to anyone)"
+            )
         if self.protect_reads and self.token is None:
             raise ValueError(
-                "protected reads (MINDER_API__PROTECT_READS=true) need a token: expected "
-                "MINDER_API__TOKEN too"
+                "protected reads (MINDER_API__PROTECT_READS=true, deprecated) need a token: "
+                "expected MINDER_API__TOKEN too, which protects reads by itself"
             )
         for pattern in self.allowed_hosts or ():
             if not self._valid_host_pattern(pattern):
@@ -378,7 +410,24 @@ class DetectionSettings(BaseModel):
     method: str = Field("minder", description="detection method (detectors.methods.METHODS)")
     model_dir: Path | None = Field(None, description="trained model directory (minder train)")
     denoiser: str = Field("mean", description="filter of metrics without a trained denoiser")
-    max_jobs: int = Field(1_000, ge=1, description="jobs per worker; more are refused, counted")
+    max_jobs: int = Field(
+        1_000,
+        ge=1,
+        description="jobs per worker; a new job beyond it takes the place of one worth less "
+        "(one-shot, fewer machines, unconfirmed by the scheduler) or is refused, counted",
+    )
+    admission_lookups_per_s: float = Field(
+        20.0,
+        gt=0,
+        description="with a scheduler target: at most this many questions a second whether a "
+        "job runs (asked in a thread of their own, never in the poll loop)",
+    )
+    admission_confirmed_ttl_s: float = Field(
+        600.0, gt=0, description="a job the scheduler confirmed is asked again after this"
+    )
+    admission_not_found_ttl_s: float = Field(
+        120.0, gt=0, description="a job the scheduler did not know is asked again after this"
+    )
     new_job_max_age_s: float = Field(
         86_400.0,
         ge=0,
@@ -515,6 +564,12 @@ class DeliverySettings(BaseModel):
     ttl_s: float = Field(24 * 3600.0, gt=0, description="a delivery is retried this long")
     backoff_base_s: float = Field(1.0, gt=0)
     backoff_cap_s: float = Field(60.0, gt=0, description="longest wait between two attempts")
+    lease_s: float = Field(
+        15.0,
+        ge=1,
+        description="a claimed event stays its worker's this long without a renewal (renewed "
+        "every third of it while being sent): after a crash it is redelivered this long after",
+    )
     retain_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="delivered and expired events are kept this long"
     )
@@ -540,6 +595,41 @@ class ActionSettings(BaseModel):
         None, description="Kubernetes: kubeconfig path (else in-cluster)"
     )
     kube_context: str | None = None
+    kube_job_label: str = Field(
+        "job-name",
+        description="Kubernetes: the pod label whose value is Minder's job id; a node is acted "
+        "on only while it runs a pod of the alert's job carrying it",
+    )
+    kube_job_namespace: str | None = Field(
+        None, description="Kubernetes: look for a job's pods in this namespace only (none: all)"
+    )
+
+
+class AuthSettings(BaseModel):
+    """Signed node batches (docs/security.md): who may speak for a node."""
+
+    mode: Literal["required", "permissive"] = Field(
+        "required",
+        description="required: batches whose signature does not hold are dead-lettered before "
+        "they touch any state; permissive (migration): checked, counted and logged, but taken",
+    )
+    keys_file: Path | None = Field(
+        None,
+        description="the cluster key file (`minder keys init`); none = the systemd credential "
+        "'minder-cluster-keys' if there is one",
+    )
+    max_age_s: float = Field(
+        3600.0, gt=0, description="a batch signed longer ago than this is refused"
+    )
+    max_skew_s: float = Field(
+        300.0, ge=0, description="a batch signed further ahead of this clock is refused"
+    )
+
+    @field_validator("keys_file", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        """``MINDER_AUTH__KEYS_FILE=`` (empty) means no file, not the current directory."""
+        return None if isinstance(value, str) and not value.strip() else value
 
 
 class Settings(BaseSettings):
@@ -558,6 +648,7 @@ class Settings(BaseSettings):
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     actions: ActionSettings = Field(default_factory=ActionSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
     log_level: str = "INFO"
 

@@ -29,6 +29,7 @@ class LazyRichHandler(logging.Handler):
         try:
             from rich.console import Console  # noqa: PLC0415  (see the class)
             from rich.logging import RichHandler  # noqa: PLC0415
+            from rich.traceback import Traceback  # noqa: F401, PLC0415  (now, not at EMFILE)
 
             # stderr, so that a command's output (tables, --format json) stays clean.
             inner = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)
@@ -44,7 +45,13 @@ class LazyRichHandler(logging.Handler):
             self._inner.setFormatter(fmt)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._handler().handle(record)
+        # A handler never raises into the code that logs (logging's contract): rich imports its
+        # traceback module at the first record with an exception, which fails when the process
+        # is out of files, and that error ended the API's event loop.
+        try:
+            self._handler().handle(record)
+        except Exception:
+            self.handleError(record)
 
 
 def configure_logging(level: str = "INFO", *, rich: bool = True) -> None:

@@ -3,9 +3,12 @@ broker, so tests of one session do not read each other's data."""
 
 from __future__ import annotations
 
+import tempfile
 import uuid
+from pathlib import Path
 
 from minder.config import Settings
+from minder.core.signing import FleetSigner, init_cluster_keys, load_cluster_keys
 from minder.stream import free_port
 
 
@@ -21,4 +24,18 @@ def isolated_settings(bootstrap: str, database_url: str, *, partitions: int = 2)
     settings.database.url = database_url
     settings.api.port = free_port()
     settings.detection.new_job_max_age_s = 0  # simulated streams are dated by their scenario
+    settings.auth.keys_file = cluster_keys()
     return settings
+
+
+def cluster_keys() -> Path:
+    """A new cluster key file (batches must be signed: the default mode requires it)."""
+    path = Path(tempfile.mkdtemp(prefix="minder-keys-")) / "cluster.keys"
+    init_cluster_keys(path, "test")
+    return path
+
+
+def fleet_signer(settings: Settings) -> FleetSigner:
+    """Signs each node's batches as its agent would, for a service of ``settings``."""
+    assert settings.auth.keys_file is not None, "settings without a cluster key file"
+    return FleetSigner(load_cluster_keys(settings.auth.keys_file)[-1])

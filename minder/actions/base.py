@@ -89,6 +89,32 @@ class NodeActuator(Protocol):
         ...
 
 
+class SchedulerView(Protocol):
+    """What the scheduler says runs where: the check between an alert and an action.
+
+    A node agent's report names its job and machine, but only the scheduler knows where a job
+    runs. Minder acts on an alert's machine only when the scheduler confirms that the node runs
+    the alert's job (a forged or misrouted report naming a healthy node outside the job is not
+    acted on), and the service's admission of new jobs asks the same question.
+    """
+
+    name: str
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        """The scheduler's names of the nodes that job ``job_id`` runs on now.
+
+        None when the scheduler knows no running job of that id (unknown, finished, pending,
+        or an id in a form the scheduler does not use). One or two cheap reads of the scheduler.
+
+        Raises
+        ------
+        ActionError
+            The scheduler could not be asked (``transient``: unreachable, timeout) or its answer
+            could not be read (not transient).
+        """
+        ...
+
+
 def mark_for(alert_id: str) -> str:
     """The token that ties a node's state to one alert: ``minder:<alert id>``."""
     return f"{MINDER_MARK}:{alert_id}"

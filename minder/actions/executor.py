@@ -1,13 +1,25 @@
-"""Carries out the action rows of the outbox: policy, opt-out, circuit breaker, audit, actuator.
+"""Carries out the action rows of the outbox: policy, opt-out, the scheduler's check, circuit
+breaker, audit, actuator.
 
 An ``alert.opened`` row asks to take the alert's machine out of scheduling; ``alert.resolved``
 and ``alert.false_positive`` rows ask to give it back. Every decision — acted, unchanged, dry
-run, failed, or skipped with the reason — is one row of the audit trail. The circuit breaker
-(at most ``max_per_job`` machines of one job and ``max_fraction`` of the watched fleet within
-``window_s``) trips instead of acting past its bound; then nothing is applied until an operator
-resets it (``POST /api/v1/breaker/reset``, ``minder breaker reset``), its trip is an event of its
-own for the notification destinations, and ``minder_actions_breaker_tripped`` is 1. Undos are
-always allowed: giving a node back is safe.
+run, failed, or skipped with the reason — is one row of the audit trail.
+
+Before an apply, the scheduler is asked whether the alert's node runs the alert's job
+(:class:`~minder.actions.base.SchedulerView`): an agent's report is not proof of where a job
+runs, and one forged report must not drain a healthy node. When the scheduler says no, nothing is
+done, the audit row says ``skipped_not_in_job``, and a ``suspicious_source`` alert (naming the
+machine, the job, the original alert and the reason) goes to the notification destinations; it
+is never acted on. When the scheduler cannot be asked, the row fails transiently and is retried:
+Minder does not act blind. The check runs in dry run too, so what a dry run audits is what
+enforcing would do.
+
+The circuit breaker (at most ``max_per_job`` machines of one job and ``max_fraction`` of the
+watched fleet within ``window_s``) counts only applies that passed the check, and trips instead of
+acting past its bound; then nothing is applied until an operator resets it (``POST
+/api/v1/breaker/reset``, ``minder breaker reset``), its trip is an event of its own for the
+notification destinations, and ``minder_actions_breaker_tripped`` is 1. Undos are always allowed,
+without the check: giving a node back is safe (and only Minder's own mark for the alert is undone).
 """
 
 from __future__ import annotations
@@ -15,12 +27,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from minder.actions.base import ActionError, ActionOutcome, NodeActuator
+from minder.actions.base import ActionError, ActionOutcome, NodeActuator, SchedulerView
 from minder.actions.policy import ActionPolicy
-from minder.core.alert import Alert, AlertStatus
+from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.delivery.worker import DeliveryError
 from minder.storage import Session, SessionFactory
 from minder.storage.actions import (
@@ -35,7 +48,13 @@ from minder.storage.actions import (
     watched_machines,
 )
 from minder.storage.alerts import get_alert
-from minder.storage.outbox import AlertEvent, Delivery, Destination, enqueue
+from minder.storage.outbox import (
+    AlertEvent,
+    Delivery,
+    Destination,
+    enqueue,
+    record_alert_with_events,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +64,15 @@ BREAKER = ACTIONS_BREAKER
 APPLY_EVENTS = frozenset({AlertEvent.OPENED.value})
 UNDO_EVENTS = frozenset({AlertEvent.RESOLVED.value, AlertEvent.FALSE_POSITIVE.value})
 
+CHECK = "check"
+"""The audit operation of a scheduler check that failed (its ``failed`` rows are no apply: no undo
+is due after them, and the breaker does not count them)."""
+
+_SHOWN_CHARS = 64
+"""Characters of a job id quoted in a detail or a log line (it comes from a node's report)."""
+_EVIDENCE_NODES = 16
+"""The job's nodes listed in a ``suspicious_source`` alert's evidence (the count is given too)."""
+
 
 class ActionMetrics:
     """Scheduler actions by target, operation and outcome; the breaker's state."""
@@ -53,7 +81,8 @@ class ActionMetrics:
         self.actions = Counter(
             "minder_actions",
             "Scheduler action decisions by target, operation and outcome (applied, unchanged, "
-            "dry_run, failed, skipped_*)",
+            "dry_run, failed, skipped_policy, skipped_opt_out, skipped_breaker, "
+            "skipped_not_in_job)",
             ["target", "operation", "outcome"],
             registry=registry,
         )
@@ -74,9 +103,20 @@ class ActionExecutor:
     policy
         What acts, and the breaker's bounds.
     notify
-        Destinations that hear of the breaker (webhooks, Kafka, Alertmanager).
+        Destinations that hear of the breaker and of ``suspicious_source`` alerts (webhooks,
+        Kafka, Alertmanager); never an action destination.
     on_enqueued
-        Called after breaker events were written (wakes their workers).
+        Called after breaker events or a ``suspicious_source`` alert were written (wakes their
+        workers).
+    scheduler
+        Where the check asks which nodes a job runs on; None: the actuator itself (the Slurm and
+        Kubernetes actuators are their own :class:`~minder.actions.base.SchedulerView`).
+
+    Raises
+    ------
+    TypeError
+        Neither ``scheduler`` nor the actuator can say where a job runs: Minder does not act
+        without the check.
     """
 
     def __init__(
@@ -89,10 +129,19 @@ class ActionExecutor:
         metrics: ActionMetrics | None = None,
         on_enqueued: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
+        scheduler: SchedulerView | None = None,
     ) -> None:
+        view: object = scheduler if scheduler is not None else actuator
+        if not callable(getattr(view, "job_nodes", None)):
+            raise TypeError(
+                f"actions target {actuator.name!r} cannot say which nodes a job runs on (no "
+                "job_nodes): Minder does not act on a node without the scheduler's check"
+            )
+        self.scheduler = cast(SchedulerView, view)
         self.actuator = actuator
-        # scontrol's timeout (30 s by default); the Kubernetes client's requests take less
-        self.timeout_s = float(getattr(actuator, "timeout_s", 30.0))
+        # The check (one or two reads) and the action (a read and a write), each within
+        # scontrol's timeout (30 s by default); the Kubernetes client's requests take less.
+        self.timeout_s = 2 * float(getattr(actuator, "timeout_s", 30.0))
         self.target = actuator.name
         self.destination = f"action:{actuator.name}"
         self.policy = policy
@@ -105,6 +154,7 @@ class ActionExecutor:
             for operation in (self._operation(undo=False), self._operation(undo=True)):
                 for outcome in ActionOutcomeKind:
                     metrics.actions.labels(self.target, operation, outcome.value)
+            metrics.actions.labels(self.target, CHECK, ActionOutcomeKind.FAILED.value)
             self.refresh_gauges()
 
     def refresh_gauges(self) -> None:
@@ -142,33 +192,131 @@ class ActionExecutor:
         node = self.policy.node_of(alert.machine)
         operation = self._operation(undo=False)
         with self.sessions.begin() as session:
-            current = get_alert(session, alert.id).status
-            why = self.policy.why_not(alert)
-            outcome = ActionOutcomeKind.SKIPPED_POLICY
-            if why is None and current not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
-                why = f"the alert is {current.value} already: nothing to take out"
-            if why is None and alert.job in self.policy.opt_out_jobs:
-                why = f"job {alert.job} opted out of actions (MINDER_ACTIONS__OPT_OUT_JOBS)"
-                outcome = ActionOutcomeKind.SKIPPED_OPT_OUT
-            if why is None and not actions_enabled(session, alert.job):
-                why = f"job {alert.job} opted out of actions (job settings)"
-                outcome = ActionOutcomeKind.SKIPPED_OPT_OUT
-            if why is None:
-                why = self._breaker_refuses(session, alert)
-                outcome = ActionOutcomeKind.SKIPPED_BREAKER
-            if why is not None:
-                self._audit(session, alert, node, operation, outcome, why, delivery)
+            refused = self._refusal(session, alert)
+            if refused is not None:
+                self._audit(session, alert, node, operation, *refused, delivery)
+                return
+        # Outside any transaction (the scheduler may take seconds): does the node run the job?
+        nodes = self._job_nodes(alert, node, operation, delivery)
+        if nodes is None or node not in nodes:
+            self._not_in_job(alert, node, operation, nodes, delivery)
+            return
+        confirmed = f"{node} runs job {_shown(alert.job)} per {self.target}"
+        with self.sessions.begin() as session:
+            # Again: the alert may have ended, or the job opted out, while the scheduler answered.
+            refused = self._refusal(session, alert)
+            if refused is None and (why := self._breaker_refuses(session, alert)) is not None:
+                refused = (ActionOutcomeKind.SKIPPED_BREAKER, why)
+            if refused is not None:
+                self._audit(session, alert, node, operation, *refused, delivery)
                 return
             if not self.policy.enforce:
-                detail = f"dry run: would {operation} {node} ({self._reason(alert)})"
+                detail = f"dry run: would {operation} {node} ({self._reason(alert)}); {confirmed}"
                 self._audit(session, alert, node, operation, ActionOutcomeKind.DRY_RUN, detail,
                             delivery)  # fmt: skip
                 logger.info("%s", detail)
                 return
             # Counted by every replica's breaker from now on, before the target answers.
             self._audit(session, alert, node, operation, ActionOutcomeKind.STARTED,
-                        f"{operation} {node} ({self._reason(alert)})", delivery)  # fmt: skip
+                        f"{operation} {node} ({self._reason(alert)}); {confirmed}",
+                        delivery)  # fmt: skip
         self._act(alert, node, operation, delivery, undo=False)
+
+    def _refusal(self, session: Session, alert: Alert) -> tuple[ActionOutcomeKind, str] | None:
+        """Why the policy, the alert's status or an opt-out refuse this apply, if they do."""
+        why = self.policy.why_not(alert)
+        if why is not None:
+            return ActionOutcomeKind.SKIPPED_POLICY, why
+        current = get_alert(session, alert.id).status
+        if current not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
+            return (
+                ActionOutcomeKind.SKIPPED_POLICY,
+                f"the alert is {current.value} already: nothing to take out",
+            )
+        if alert.job in self.policy.opt_out_jobs:
+            return (
+                ActionOutcomeKind.SKIPPED_OPT_OUT,
+                f"job {_shown(alert.job)} opted out of actions (MINDER_ACTIONS__OPT_OUT_JOBS)",
+            )
+        if not actions_enabled(session, alert.job):
+            return (
+                ActionOutcomeKind.SKIPPED_OPT_OUT,
+                f"job {_shown(alert.job)} opted out of actions (job settings)",
+            )
+        return None
+
+    # -- the scheduler's check -----------------------------------------------------------------
+    def _job_nodes(
+        self, alert: Alert, node: str, operation: str, delivery: Delivery
+    ) -> frozenset[str] | None:
+        """The nodes the scheduler runs the alert's job on; a failed check is audited as
+        ``check``/``failed`` and raised as a :class:`DeliveryError` (retried while transient)."""
+        try:
+            return self.scheduler.job_nodes(alert.job)
+        except ActionError as exc:
+            detail = (
+                f"cannot check with {self.target} that {node} runs job {_shown(alert.job)}, so "
+                f"nothing is done: {exc}{' (retried)' if exc.transient else ''}"
+            )
+            with self.sessions.begin() as session:
+                self._audit(session, alert, node, CHECK, ActionOutcomeKind.FAILED, detail,
+                            delivery)  # fmt: skip
+            raise DeliveryError(str(exc), transient=exc.transient) from None
+
+    def _not_in_job(
+        self,
+        alert: Alert,
+        node: str,
+        operation: str,
+        nodes: frozenset[str] | None,
+        delivery: Delivery,
+    ) -> None:
+        """Audit ``skipped_not_in_job`` and raise a ``suspicious_source`` alert, in one
+        transaction; nothing reaches the scheduler and the breaker counts nothing."""
+        job = _shown(alert.job)
+        reason = f"node {_shown(node)} is not running job {job} per {self.target}"
+        if nodes is None:
+            reason += f" ({self.target} knows no running job of that id)"
+        else:
+            reason += f" (the job runs on {len(nodes)} other node(s))"
+        now = self.clock()
+        suspicious = Alert(
+            job=alert.job,
+            machine=alert.machine,
+            kind=AlertKind.SUSPICIOUS_SOURCE,
+            metric=alert.metric,
+            score=1.0,
+            first_ts=now,
+            detected_ts=now,
+            devices=alert.devices,
+            evidence={
+                "original_alert_id": alert.id,
+                "original_kind": alert.kind.value,
+                "original_metric": alert.metric,
+                "reason": reason,
+                "target": self.target,
+                "node": node,
+                "job_running": nodes is not None,
+                "job_node_count": len(nodes or ()),
+                "job_nodes": sorted(nodes or ())[:_EVIDENCE_NODES],
+            },
+        )
+        with self.sessions.begin() as session:
+            self._audit(session, alert, node, operation, ActionOutcomeKind.SKIPPED_NOT_IN_JOB,
+                        f"{reason}: not acted on; suspicious_source alert raised",
+                        delivery)  # fmt: skip
+            stored, created = record_alert_with_events(session, suspicious, self.notify, now=now)
+        logger.warning(
+            "alert %s (%s on %s): %s; not acted on, suspicious_source alert %s%s",
+            alert.id,
+            alert.kind.value,
+            alert.machine[:_SHOWN_CHARS],
+            reason,
+            stored.id,
+            "" if created else " (already open)",
+        )
+        if created and self.on_enqueued is not None:
+            self.on_enqueued()
 
     def _breaker_refuses(self, session: Session, alert: Alert) -> str | None:
         """Why the breaker refuses this apply (tripping it now if this one would pass a bound)."""
@@ -294,3 +442,8 @@ class ActionExecutor:
         )
         if self.metrics is not None:
             self.metrics.actions.labels(self.target, operation, outcome.value).inc()
+
+
+def _shown(text: str) -> str:
+    """A job id from a node's report, cut for a detail or a log line."""
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."

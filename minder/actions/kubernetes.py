@@ -33,8 +33,14 @@ the API server answers a failed ``test`` with 422 ``Invalid``, the same code as 
 patches. The condition is a strategic merge patch of ``nodes/status``, where ``conditions``
 merge by ``type``, so it cannot overwrite the kubelet's conditions and needs no precondition.
 
-RBAC (a ClusterRole): :data:`RBAC_RULES`, i.e. ``get`` and ``patch`` on ``nodes`` and ``patch``
-on ``nodes/status`` in the core group.
+Before a cordon, the executor asks :meth:`KubernetesActuator.job_nodes` where the alert's job
+runs: the pods that carry the job label (``job_label``, ``job-name`` by default: the label
+Kubernetes puts on a ``batch/v1`` Job's pods, and the one ``MINDER_JOB`` is read from through the
+downward API) with the job id as value, in phase ``Running`` (a field selector), and their
+``spec.nodeName``. A job id that is not a label value names no pods.
+
+RBAC (a ClusterRole): :data:`RBAC_RULES`, i.e. ``get`` and ``patch`` on ``nodes``, ``patch`` on
+``nodes/status`` and ``list`` on ``pods`` in the core group.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ CONDITION_REASON_ENDED = "MinderAlertEnded"
 ANNOTATION_ALERT = "minder.io/alert"
 ANNOTATION_CORDONED = "minder.io/cordoned"
 FIELD_MANAGER = "minder"
+DEFAULT_JOB_LABEL = "job-name"
+"""The pod label whose value is Minder's job id (set on a Job's pods by the Job controller)."""
 
 CONDITION_MESSAGE_MAX = 1024
 """Characters of the condition's message (``kubectl describe`` stays readable)."""
@@ -78,11 +86,18 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RBAC_RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
     {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
 ]
 """The ClusterRole rules the actuator needs, and no more."""
 
 _NODE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _TRANSIENT_CODES = frozenset({408, 425, 429})
+_LABEL_VALUE_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_KEY_RE = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class _ConflictError(Exception):
@@ -147,6 +162,10 @@ class KubernetesActuator:
         Scale of the jittered exponential back-off between those attempts (capped at 1 s).
     clock
         The time written into the condition (UTC).
+    job_label
+        The pod label whose value is Minder's job id (:meth:`job_nodes`).
+    job_namespace
+        Look for a job's pods in this namespace only; None: in every namespace.
     """
 
     name = "kubernetes"
@@ -159,9 +178,21 @@ class KubernetesActuator:
         conflict_attempts: int = 5,
         conflict_backoff_s: float = 0.05,
         clock: Callable[[], datetime] = _utcnow,
+        job_label: str = DEFAULT_JOB_LABEL,
+        job_namespace: str | None = None,
     ) -> None:
         if conflict_attempts < 1:
             raise ValueError(f"conflict_attempts must be at least 1, got {conflict_attempts}")
+        if not (len(job_label) <= 316 and _LABEL_KEY_RE.fullmatch(job_label)):
+            raise ValueError(
+                f"job_label {job_label[:80]!r} is not a label key (e.g. job-name, example.com/job)"
+            )
+        if job_namespace is not None and not _NAMESPACE_RE.fullmatch(job_namespace):
+            raise ValueError(
+                f"job_namespace {job_namespace[:80]!r} is not a namespace name (an RFC 1123 label)"
+            )
+        self.job_label = job_label
+        self.job_namespace = job_namespace
         self._api_client = api_client
         self._core = k8s_client.CoreV1Api(api_client)
         self._timeout = request_timeout_s
@@ -177,6 +208,8 @@ class KubernetesActuator:
         in_cluster: bool = False,
         *,
         request_timeout_s: float = 10.0,
+        job_label: str = DEFAULT_JOB_LABEL,
+        job_namespace: str | None = None,
     ) -> KubernetesActuator:
         """An actuator for the cluster of a kubeconfig (``kubeconfig`` None: ``$KUBECONFIG`` or
         ``~/.kube/config``; ``context`` None: its current context), or of the pod's service
@@ -211,11 +244,75 @@ class KubernetesActuator:
                 f"kubernetes: cannot load the {source} configuration: {_one_line(str(exc))}",
                 transient=False,
             ) from exc
-        return cls(k8s_client.ApiClient(configuration), request_timeout_s=request_timeout_s)
+        return cls(
+            k8s_client.ApiClient(configuration),
+            request_timeout_s=request_timeout_s,
+            job_label=job_label,
+            job_namespace=job_namespace,
+        )
 
     def close(self) -> None:
         """Close the API client's connection pool."""
         self._api_client.close()
+
+    # -- the scheduler's view ---------------------------------------------------------------
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        """The nodes that run a pod of job ``job_id`` now
+        (:class:`~minder.actions.base.SchedulerView`): one list of the pods labelled
+        ``<job_label>=<job_id>`` in phase ``Running``, read for their ``spec.nodeName``.
+
+        None when no such pod runs (or ``job_id`` is not a label value, so no pod can carry it).
+
+        Raises
+        ------
+        ActionError
+            API server unreachable or overloaded (transient), RBAC without ``list`` on ``pods``,
+            an answer that is not a pod list.
+        """
+        if not (isinstance(job_id, str) and _LABEL_VALUE_RE.fullmatch(job_id)):
+            log.debug("kubernetes: %s is not a label value: no pod carries it",
+                      _one_line(repr(job_id), 80))  # fmt: skip
+            return None
+        selector = f"{self.job_label}={job_id}"
+        where = f"in namespace {self.job_namespace}" if self.job_namespace else "in any namespace"
+        subject = f"of job {job_id} ({selector}, {where})"
+        namespace = self.job_namespace
+
+        def request() -> object:
+            if namespace is not None:
+                return self._core.list_namespaced_pod(
+                    namespace,
+                    label_selector=selector,
+                    field_selector="status.phase=Running",
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            return self._core.list_pod_for_all_namespaces(
+                label_selector=selector,
+                field_selector="status.phase=Running",
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+
+        answer = self._call(subject, "list", "pods", request)
+        items = answer.get("items")
+        if not isinstance(items, list):
+            raise ActionError(
+                f"kubernetes: cannot list pods {subject}: the answer is not a pod list",
+                transient=True,
+            )
+        nodes: set[str] = set()
+        for pod in items:
+            if not isinstance(pod, dict):
+                continue
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            phase = (pod.get("status") or {}).get("phase")
+            node = (pod.get("spec") or {}).get("nodeName")
+            # The selectors were the server's to apply; they are checked again here.
+            if labels.get(self.job_label) == job_id and phase == "Running" and node:
+                nodes.add(str(node))
+        return frozenset(nodes) if nodes else None
 
     # -- the actions -----------------------------------------------------------------------
 
@@ -423,7 +520,10 @@ class KubernetesActuator:
     def _call(
         self, node: str, verb: str, resource: str, request: Callable[[], object]
     ) -> dict[str, Any]:
-        """Run one request; its JSON answer, or :class:`_ConflictError`, or :class:`ActionError`."""
+        """Run one request; its JSON answer, or :class:`_ConflictError`, or :class:`ActionError`.
+
+        ``node`` is the node's name, or for a request about pods the words that follow
+        ``{verb} {resource}`` in errors."""
         what = f"{verb} {resource} {node}"
         response: Any = None
         try:
@@ -448,8 +548,9 @@ class KubernetesActuator:
                 f"kubernetes: cannot {what}: the answer is not JSON", transient=True
             ) from exc
         if not isinstance(answer, dict) or not isinstance(answer.get("metadata"), dict):
+            kind = "pod list" if resource == "pods" else "Node"
             raise ActionError(
-                f"kubernetes: cannot {what}: the answer is not a Node", transient=True
+                f"kubernetes: cannot {what}: the answer is not a {kind}", transient=True
             )
         return answer
 
@@ -494,7 +595,7 @@ def _api_error(node: str, verb: str, resource: str, exc: ApiException) -> Except
     what = f"{verb} {resource} {node}"
     if code == 409:
         return _ConflictError(f"409 Conflict: {said}")
-    if code == 404:
+    if code == 404 and resource != "pods":
         return ActionError(f"kubernetes: node {node} not found (404 on {what})", transient=False)
     if code == 401:
         return ActionError(

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from minder.core.alert import Alert
+from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ValidationError
 
 DEFAULT_ACT_ON: Mapping[str, float] = {"rule": 0.0, "silence": 60.0, "similarity": 120.0}
@@ -51,6 +51,12 @@ class ActionPolicy:
 
     def __post_init__(self) -> None:
         for kind, hold in self.act_on.items():
+            if kind == AlertKind.SUSPICIOUS_SOURCE.value:
+                raise ValidationError(
+                    "act_on kind 'suspicious_source': these alerts say that a report named a "
+                    "machine outside its job; they are never acted on (expected rule, "
+                    "similarity, straggler or silence)"
+                )
             if kind not in {"rule", "similarity", "straggler", "silence"}:
                 raise ValidationError(
                     f"act_on kind {kind[:40]!r}: expected rule, similarity, straggler or silence"
@@ -79,7 +85,10 @@ class ActionPolicy:
         return "enforce" if self.enforce else "dry_run"
 
     def why_not(self, alert: Alert) -> str | None:
-        """Why this alert does not act (None when it does, subject to the breaker)."""
+        """Why this alert does not act (None when it does, subject to the scheduler's check and
+        the breaker)."""
+        if alert.kind is AlertKind.SUSPICIOUS_SOURCE:
+            return "suspicious_source alerts are never acted on: they only notify"
         if alert.kind.value not in self.act_on:
             acting = sorted(self.act_on) or ["none"]
             return f"{alert.kind.value} alerts only notify (acting kinds: {', '.join(acting)})"

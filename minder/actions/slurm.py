@@ -13,6 +13,13 @@ stands alone there, so a reason holding spaces or ``=`` parses without guessing)
 Between the read and the update there is a window in which someone else may change the node; the
 update then either succeeds (the node ends drained or resumed, which is what was asked) or Slurm
 refuses the state transition (an ``ActionError``; a retry reads the node again).
+
+Before a drain, the executor asks :meth:`SlurmActuator.job_nodes` where the alert's job runs
+(``scontrol show job <id>``, its ``NodeList`` expanded with ``scontrol show hostnames``): Minder's
+job id is the agent's ``SLURM_JOB_ID``, i.e. the Slurm job id. An array task's ``SLURM_JOB_ID`` is
+its own job id; ``<array id>_<task id>`` is accepted too. A heterogeneous job's ``SLURM_JOB_ID`` is
+its leader's id in every component, so the nodes of every running component count. Other forms
+(``123+1``, a job name) name no Slurm job: no node runs them.
 """
 
 from __future__ import annotations
@@ -50,6 +57,14 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 expands to several nodes must never reach ``scontrol update``."""
 
 _ALERT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_JOB_ID = re.compile(r"([1-9][0-9]{0,9})(?:_([0-9]{1,10}))?")
+"""A Slurm job id as ``SLURM_JOB_ID`` gives it (``4242``), or an array task (``4240_2``)."""
+_HOSTLIST = re.compile(r"[A-Za-z0-9._,\[\]-]{1,65536}")
+"""A ``NodeList`` value: node names and Slurm's host-list ranges (``gpu[01-04,07],login1``)."""
+_JOB_HEADER_FIELDS = frozenset(
+    {"JobId", "ArrayJobId", "ArrayTaskId", "ArrayTaskThrottle", "HetJobId", "HetJobOffset"}
+)
+"""The ids on the first line of a job record, before ``JobName=`` (whose value is the user's)."""
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 _FREE_TEXT_FIELDS = ("OS=", "Reason=", "Comment=", "Extra=")
 """Fields whose values are free text, in which a ``State=`` means nothing."""
@@ -57,6 +72,13 @@ _REASON_STAMP = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")
 """What ``scontrol`` appends to a reason's first line: `` [user@2024-05-01T10:00:00]``."""
 _STATE_SUFFIXES = "*~#!%$@^-"
 """Characters Slurm appends to a state word (``DOWN*``: not responding, ``IDLE~``: powered off)."""
+
+RUNNING = "RUNNING"
+"""The ``JobState`` of a job whose nodes run it (``COMPLETING``, ``SUSPENDED``, ``PENDING`` do
+not count: a job must be running on the node for Minder to act on it)."""
+NO_SUCH_JOB = "invalid job id specified"
+"""What ``scontrol show job`` says (lower-cased) of an id it does not know: never submitted, or
+finished longer than ``MinJobAge`` ago (``slurm_load_jobs error: Invalid job id specified``)."""
 
 _EXCERPT_CHARS = 160
 _ELLIPSIS = "..."
@@ -176,6 +198,131 @@ def parse_show_node(output: str, node: str) -> NodeState:
     raise ValueError(f"no record of node {node!r} in the output of scontrol show node")
 
 
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as ``scontrol show job`` reports it.
+
+    Attributes
+    ----------
+    job_id
+        ``JobId``: the job's own id (an array task's or a heterogeneous component's too).
+    state
+        ``JobState``, upper-case (``RUNNING``, ``PENDING``, ``COMPLETED``...).
+    node_list
+        ``NodeList``: a host-list expression (``gpu[01-04]``), ``""`` when none (``(null)``).
+    array_job_id, array_task_id
+        ``ArrayJobId`` and ``ArrayTaskId`` of an array task, else ``""``.
+    het_job_id
+        ``HetJobId`` of a heterogeneous job's component (its leader's id), else ``""``.
+    """
+
+    job_id: str
+    state: str
+    node_list: str
+    array_job_id: str = ""
+    array_task_id: str = ""
+    het_job_id: str = ""
+
+    @property
+    def running(self) -> bool:
+        """The job runs on its nodes now."""
+        return self.state == RUNNING
+
+
+def parse_show_job(output: str) -> list[JobRecord]:
+    """The job records of ``scontrol show job`` output (the multi-line format, records separated
+    by blank lines).
+
+    Text the job's owner chose (its name, comment, command, paths) may hold anything, ``NodeList=``
+    or a line break included, so only the ids before ``JobName=`` on a record's first line are read
+    there, and ``JobState=``/``NodeList=`` only where they start a line. A record with either of
+    them twice or not at all, a chunk that does not start with ``JobId=``, or two records of one
+    job id are refused as unreadable rather than guessed at.
+
+    Raises
+    ------
+    ValueError
+        The output is not a list of job records, naming what was found.
+    """
+    records: list[JobRecord] = []
+    seen: set[str] = set()
+    for chunk in re.split(r"\n[ \t]*\n", output):
+        lines = [line for line in chunk.splitlines() if line.strip()]
+        if not lines:
+            continue
+        ids = _job_header(lines[0].strip())
+        fields: dict[str, list[str]] = {"JobState": [], "NodeList": []}
+        for line in lines[1:]:
+            key, sep, value = line.split(None, 1)[0].partition("=")
+            if sep and key in fields:
+                fields[key].append(value)
+        for key, values in fields.items():
+            if len(values) != 1:
+                raise ValueError(
+                    f"the record of job {ids['JobId']} has {len(values)} {key}= lines, expected one"
+                )
+        job_id = ids["JobId"]
+        if job_id in seen:
+            raise ValueError(f"job {job_id} has two records")
+        seen.add(job_id)
+        node_list = fields["NodeList"][0]
+        records.append(
+            JobRecord(
+                job_id=job_id,
+                state=fields["JobState"][0].upper(),
+                node_list="" if node_list in ("", "(null)") else node_list,
+                array_job_id=ids.get("ArrayJobId", ""),
+                array_task_id=ids.get("ArrayTaskId", ""),
+                het_job_id=ids.get("HetJobId", ""),
+            )
+        )
+    return records
+
+
+def _job_header(line: str) -> dict[str, str]:
+    """The ids of a job record's first line: ``JobId=7 ArrayJobId=5 ArrayTaskId=2 JobName=...``."""
+    if not line.startswith("JobId="):
+        raise ValueError(f"a record starts with {excerpt(line, 60)!r}, expected JobId=")
+    ids: dict[str, str] = {}
+    for token in line.split(" JobName=", 1)[0].split():
+        key, sep, value = token.partition("=")
+        if not sep or key not in _JOB_HEADER_FIELDS:
+            continue
+        if key in ids:
+            raise ValueError(f"a record's first line has {key}= twice: {excerpt(line, 80)!r}")
+        ids[key] = value
+    if not ids["JobId"].isdigit():
+        raise ValueError(f"JobId={excerpt(ids['JobId'], 40)!r} is not a number")
+    return ids
+
+
+def records_of_job(records: list[JobRecord], job_id: str) -> list[JobRecord]:
+    """The records that make up job ``job_id`` (a Slurm job id or ``<array id>_<task id>``).
+
+    A plain id is the record with that ``JobId`` (an array task's own id; ``scontrol`` also lists
+    the other tasks of an array whose first task holds the array's id, which are other jobs) and,
+    when that record leads a heterogeneous job (``HetJobId`` is its own id), every component.
+
+    Raises
+    ------
+    ValueError
+        ``job_id`` is not a Slurm job id, or an array task has two records.
+    """
+    match = _JOB_ID.fullmatch(job_id)
+    if match is None:
+        raise ValueError(f"{excerpt(repr(job_id), 60)} is not a Slurm job id")
+    first, task = match.group(1), match.group(2)
+    if task is not None:
+        tasks = [r for r in records if r.array_job_id == first and r.array_task_id == task]
+        if len(tasks) > 1:
+            raise ValueError(f"array task {job_id} has {len(tasks)} records")
+        return tasks
+    leader = [r for r in records if r.job_id == first]
+    if leader and leader[0].het_job_id == first:
+        return [r for r in records if r.het_job_id == first]
+    return leader
+
+
 def sanitise_text(text: str) -> str:
     """One line of printable text: control, format (bidi overrides) and separator characters
     become spaces, runs of white space one space, surrogates are dropped."""
@@ -247,6 +394,11 @@ def _check_node(node: str) -> None:
             "(letters, digits, '.', '_', '-'; no host-list expression)",
             transient=False,
         )
+
+
+def is_slurm_job_id(job_id: str) -> bool:
+    """``job_id`` names a Slurm job: ``4242`` (``SLURM_JOB_ID``) or an array task ``4240_2``."""
+    return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
 
 
 def _check_alert_id(alert_id: str) -> None:
@@ -366,6 +518,75 @@ class SlurmActuator:
                 transient=False,
             ) from None
 
+    # -- the scheduler's view ---------------------------------------------------------------
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        """The nodes Slurm job ``job_id`` runs on now (:class:`~minder.actions.base.SchedulerView`).
+
+        ``scontrol show job <id>``, then ``scontrol show hostnames`` for a ``NodeList`` with a
+        range (a plain list needs no second call). None when Slurm knows no running job of that
+        id: not a Slurm job id (see the module docstring), unknown, finished, pending, suspended.
+
+        Raises
+        ------
+        ActionError
+            Controller unreachable or too slow (transient), ``scontrol`` missing, output that
+            cannot be read.
+        """
+        if not is_slurm_job_id(job_id):
+            logger.debug("slurm: %s is not a Slurm job id: no node runs it", excerpt(repr(job_id)))
+            return None
+        subject = f"job {job_id!r}"
+        completed = self._exec(subject, "read", ["show", "job", job_id])
+        output = (completed.stdout or "") + (completed.stderr or "")
+        if completed.returncode != 0:
+            if NO_SUCH_JOB in output.lower():
+                return None
+            raise _classify(subject, "read", completed.returncode, output)
+        try:
+            records = records_of_job(parse_show_job(completed.stdout or ""), job_id)
+        except ValueError as exc:
+            raise ActionError(
+                f"slurm: cannot read job {job_id!r}: {excerpt(str(exc))}", transient=False
+            ) from None
+        running = [record for record in records if record.running]
+        if not running:
+            return None
+        nodes: set[str] = set()
+        for record in running:
+            nodes |= self.expand_hostlist(record.node_list)
+        return frozenset(nodes)
+
+    def expand_hostlist(self, expression: str) -> frozenset[str]:
+        """The node names of a host-list expression (``gpu[01-03],login1``), expanded by
+        ``scontrol show hostnames`` when it holds a range.
+
+        Raises
+        ------
+        ActionError
+            Not a host list, or ``scontrol`` failed.
+        """
+        if not expression:
+            return frozenset()
+        subject = f"node list {excerpt(repr(expression), 80)}"
+        if not _HOSTLIST.fullmatch(expression):
+            raise ActionError(f"slurm: {subject} is not a Slurm host list", transient=False)
+        if "[" in expression:
+            completed = self._exec(subject, "expand", ["show", "hostnames", expression])
+            if completed.returncode != 0:
+                output = (completed.stdout or "") + (completed.stderr or "")
+                raise _classify(subject, "expand", completed.returncode, output)
+            names = (completed.stdout or "").split()
+        else:
+            names = [name for name in expression.split(",") if name]
+        for name in names:
+            if not _NODE_NAME.fullmatch(name):
+                raise ActionError(
+                    f"slurm: {subject} holds {excerpt(repr(name), 80)}, not a node name",
+                    transient=False,
+                )
+        return frozenset(names)
+
     # -- running scontrol ---------------------------------------------------------------------
 
     def _update(self, node: str, operation: str, fields: list[str]) -> None:
@@ -381,6 +602,19 @@ class SlurmActuator:
         return environment
 
     def _run(self, node: str, operation: str, args: list[str]) -> str:
+        """``scontrol args`` about ``node``: its output, or the classified error."""
+        subject = f"node {node!r}"
+        completed = self._exec(subject, operation, args)
+        output = (completed.stdout or "") + (completed.stderr or "")
+        if completed.returncode != 0:
+            raise _classify(subject, operation, completed.returncode, output, node=node)
+        return output
+
+    def _exec(
+        self, subject: str, operation: str, args: list[str]
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``scontrol args`` (``subject``/``operation`` name it in errors): the finished
+        process whatever its exit code, or an ``ActionError`` when it could not run or timed out."""
         command = [self.scontrol, *args]
         environment = self._environment()
         try:
@@ -397,32 +631,29 @@ class SlurmActuator:
             )
         except FileNotFoundError:
             raise ActionError(
-                f"slurm: cannot {operation} node {node!r}: scontrol not found "
+                f"slurm: cannot {operation} {subject}: scontrol not found "
                 f"({excerpt(self.scontrol, 120)!r}; install Slurm's client or set its path)",
                 transient=False,
             ) from None
         except PermissionError:
             raise ActionError(
-                f"slurm: cannot {operation} node {node!r}: no permission to run "
+                f"slurm: cannot {operation} {subject}: no permission to run "
                 f"{excerpt(self.scontrol, 120)!r}",
                 transient=False,
             ) from None
         except OSError as exc:
             raise ActionError(
-                f"slurm: cannot {operation} node {node!r}: cannot run "
+                f"slurm: cannot {operation} {subject}: cannot run "
                 f"{excerpt(self.scontrol, 120)!r}: {excerpt(str(exc))}",
                 transient=False,
             ) from None
         except subprocess.TimeoutExpired:
             raise ActionError(
-                f"slurm: cannot {operation} node {node!r}: scontrol {args[0]} took longer than "
+                f"slurm: cannot {operation} {subject}: scontrol {args[0]} took longer than "
                 f"{self.timeout_s:g} s (controller unreachable or overloaded)",
                 transient=True,
             ) from None
-        output = (completed.stdout or "") + (completed.stderr or "")
-        if completed.returncode != 0:
-            raise _classify(node, operation, completed.returncode, output)
-        return output
+        return completed
 
     def _outcome(self, node: str, operation: str, changed: bool, detail: str) -> ActionOutcome:
         if not changed:
@@ -430,8 +661,11 @@ class SlurmActuator:
         return ActionOutcome(self.name, node, operation, changed, excerpt(detail, 400))
 
 
-def _classify(node: str, operation: str, returncode: int, output: str) -> ActionError:
-    """An ``ActionError`` for a failed ``scontrol`` call, transient when a retry may succeed."""
+def _classify(
+    subject: str, operation: str, returncode: int, output: str, *, node: str | None = None
+) -> ActionError:
+    """An ``ActionError`` for a failed ``scontrol`` call about ``subject`` (``node 'x'``, ``job
+    '7'``), transient when a retry may succeed; ``node`` when the call was about that node."""
     lowered = output.lower()
     said = excerpt(output) or "nothing"
     if returncode < 0:
@@ -445,8 +679,8 @@ def _classify(node: str, operation: str, returncode: int, output: str) -> Action
             transient = False
         else:
             transient = "fatal:" not in lowered
-    if "invalid node name specified" in lowered or (operation == "read" and "not found" in lowered):
+    if node is not None and (
+        "invalid node name specified" in lowered or (operation == "read" and "not found" in lowered)
+    ):
         return ActionError(f"slurm: unknown node {node!r} ({how}: {said})", transient=False)
-    return ActionError(
-        f"slurm: cannot {operation} node {node!r}: {how}: {said}", transient=transient
-    )
+    return ActionError(f"slurm: cannot {operation} {subject}: {how}: {said}", transient=transient)

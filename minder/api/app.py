@@ -16,7 +16,11 @@ from minder import __version__
 from minder.api.deps import READ_RESPONSES, ApiContext, WhatIfContext, require_read_access
 from minder.api.errors import install_error_handlers
 from minder.api.routes import actions, alerts, deliveries, health, jobs, metrics, whatif
-from minder.api.security import DEFAULT_BODY_TIMEOUT_S, install_http_guards
+from minder.api.security import (
+    DEFAULT_BODY_MIN_RATE,
+    DEFAULT_BODY_TIMEOUT_S,
+    install_http_guards,
+)
 from minder.api.whatif_inputs import ScratchSpace
 from minder.api.whatif_runner import WhatIfMetrics, WhatIfRunner
 from minder.core.errors import ValidationError
@@ -41,10 +45,11 @@ def create_app(
     readiness: Callable[[], Mapping[str, bool]] | None = None,
     api_token: str | None = None,
     open_access: bool = False,
-    protect_reads: bool = False,
+    open_reads: bool = False,
     allowed_hosts: Sequence[str] | None = None,
     cors_origins: Sequence[str] = (),
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    body_min_rate: int = DEFAULT_BODY_MIN_RATE,
     whatif_roots: Sequence[Path] | None = None,
     whatif_workdir: Path | None = None,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
@@ -67,14 +72,16 @@ def create_app(
         Extra checks for ``/ready`` (e.g. ``{"kafka": True, "detector": True}``); it may be
         called from several threads at once, and an exception counts as not ready.
     api_token
-        When set (non-empty), mutating endpoints need ``Authorization: Bearer <api_token>``;
-        when not, they are refused (403) unless ``open_access``.
+        When set (non-empty), mutating endpoints and the ``/api/v1`` reads need
+        ``Authorization: Bearer <api_token>`` (``/health``, ``/ready``, ``/metrics``, at the
+        root and under ``/api/v1``, and the docs do not); when not, changes are refused (403)
+        unless ``open_access``, and reads are served to loopback clients only (403 to others)
+        unless ``open_reads``.
     open_access
-        Without a token, let anyone change alerts, the breaker and job settings, and submit
-        what-if analyses (logged as a warning); refused together with a token.
-    protect_reads
-        The ``/api/v1`` reads need the token too; ``/health``, ``/ready``, ``/metrics`` (at the
-        root and under ``/api/v1``) and the docs do not. Needs ``api_token``.
+        Without a token, let anyone change alerts, the breaker and job settings, submit
+        what-if analyses and read (logged as a warning); refused together with a token.
+    open_reads
+        Without a token, serve the reads to any client; refused together with a token.
     allowed_hosts
         Host header values accepted (``*.example.org`` wildcards); another gets 400 (against
         DNS rebinding). ``None``: any.
@@ -83,6 +90,9 @@ def create_app(
         origin neither allowed nor the API's own is refused (403).
     body_timeout_s
         A request body that sends nothing for this long gets 408 and its connection closed.
+    body_min_rate
+        Bytes per second a request body must average after its first ``body_timeout_s``
+        seconds (408 otherwise).
     whatif_roots
         Directories whose files ``POST /api/v1/whatif`` with ``{"path": …}`` may analyse;
         ``None`` (the default) refuses server paths (403), leaving uploads only.
@@ -104,7 +114,7 @@ def create_app(
     ValidationError
         For a what-if root that is not a directory, a non-positive ``max_upload_bytes`` or
         ``body_timeout_s``, a bad host pattern, or contradictory access options (a token with
-        ``open_access``, ``protect_reads`` without a token).
+        ``open_access`` or ``open_reads``).
     """
     token = api_token or None
     if token is not None and open_access:
@@ -112,8 +122,11 @@ def create_app(
             "an API token and open access were both given: expected one of them (the token "
             "restricts changes to its holders, open access lets anyone change)"
         )
-    if protect_reads and token is None:
-        raise ValidationError("protect_reads needs an API token: expected api_token")
+    if token is not None and open_reads:
+        raise ValidationError(
+            "an API token and open reads were both given: expected one of them (with a token "
+            "every read needs it, open reads serve them to anyone)"
+        )
     if max_upload_bytes <= 0:
         raise ValidationError(f"max_upload_bytes {max_upload_bytes}: expected a positive size")
     roots = None if whatif_roots is None else tuple(_checked_root(r) for r in whatif_roots)
@@ -148,7 +161,11 @@ def create_app(
         lifespan=lifespan,
     )
     install_http_guards(
-        app, allowed_hosts=allowed_hosts, cors_origins=cors_origins, body_timeout_s=body_timeout_s
+        app,
+        allowed_hosts=allowed_hosts,
+        cors_origins=cors_origins,
+        body_timeout_s=body_timeout_s,
+        body_min_rate=body_min_rate,
     )
     app.state.minder = ApiContext(
         session_factory=session_factory,
@@ -166,16 +183,16 @@ def create_app(
         destinations=tuple(destinations),
         on_enqueued=on_enqueued,
         open_access=open_access,
-        protect_reads=protect_reads,
+        open_reads=open_access or open_reads,
         cors_origins=tuple(cors_origins),
     )
-    _log_access(token, open_access=open_access, protect_reads=protect_reads)
+    _log_access(token, open_access=open_access, open_reads=open_reads)
     # submissions work even when the server runs the app without its lifespan
     runner.start()
     install_error_handlers(app)
     v1 = APIRouter(prefix=API_PREFIX)
     for router in (jobs.router, alerts.router, deliveries.router, actions.router, whatif.router):
-        # reads need the token too when protect_reads (a no-op otherwise)
+        # reads need the token when there is one, else a loopback client or open reads
         v1.include_router(
             router, dependencies=[Depends(require_read_access)], responses=READ_RESPONSES
         )
@@ -189,20 +206,26 @@ def create_app(
     return app
 
 
-def _log_access(token: str | None, *, open_access: bool, protect_reads: bool) -> None:
+def _log_access(token: str | None, *, open_access: bool, open_reads: bool) -> None:
     if open_access:
         logger.warning(
-            "the API is open (MINDER_API__OPEN=true): anyone who can reach it may change alerts, "
-            "the actions breaker and job settings, and submit what-if analyses; set "
+            "the API is open (MINDER_API__OPEN=true): anyone who can reach it may read, change "
+            "alerts, the actions breaker and job settings, and submit what-if analyses; set "
             "MINDER_API__TOKEN instead outside a trial"
         )
     elif token is None:
+        readers = (
+            "any client (MINDER_API__OPEN_READS=true)"
+            if open_reads
+            else "loopback clients only (403 to others)"
+        )
         logger.info(
-            "the API has no token (MINDER_API__TOKEN): it serves reads and refuses changes (403)"
+            "the API has no token (MINDER_API__TOKEN): it serves reads to %s and refuses "
+            "changes (403)",
+            readers,
         )
     else:
-        reads = "changes and reads need" if protect_reads else "changes need"
-        logger.info("the API's %s the bearer token (MINDER_API__TOKEN)", reads)
+        logger.info("the API's changes and reads need the bearer token (MINDER_API__TOKEN)")
 
 
 def _shown_roots(configured: Sequence[Path], resolved: Sequence[Path]) -> tuple[Path, ...]:

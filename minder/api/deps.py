@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -59,12 +60,14 @@ class ApiContext:
     Attributes
     ----------
     api_token
-        The bearer token of changes (and of reads when ``protect_reads``); ``None``: changes are
-        refused (403) unless ``open_access``.
+        The bearer token of changes and of the ``/api/v1`` reads (``/health``, ``/ready``,
+        ``/metrics`` need none); ``None``: changes are refused (403) unless ``open_access``, and
+        reads are served to loopback clients only unless ``open_reads``.
     open_access
-        Without a token, changes are allowed to anyone (the operator's explicit choice).
-    protect_reads
-        The ``/api/v1`` reads need the token too (``/health``, ``/ready``, ``/metrics`` do not).
+        Without a token, changes and reads are allowed to anyone (the operator's explicit
+        choice).
+    open_reads
+        Without a token, reads are served to any client, not only to loopback ones.
     cors_origins
         Browser origins allowed cross-origin requests; a change from another origin is refused.
     """
@@ -78,7 +81,7 @@ class ApiContext:
     destinations: tuple[Destination, ...] = ()
     on_enqueued: Callable[[], None] | None = None
     open_access: bool = False
-    protect_reads: bool = False
+    open_reads: bool = False
     cors_origins: tuple[str, ...] = ()
 
     def enqueued(self) -> None:
@@ -134,10 +137,21 @@ MUTATION_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 """The answers of :func:`require_token`, for the OpenAPI document of a mutating route."""
 
+NO_TOKEN_READ_DETAIL = (
+    "reads from other hosts are disabled on this server: it has no API token. Set "
+    "MINDER_API__TOKEN on the server and send 'Authorization: Bearer <token>', or set "
+    "MINDER_API__OPEN_READS=true to serve reads to any client"
+)
+
 READ_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {
         "model": Problem,
-        "description": "missing or wrong bearer token (when the server protects reads)",
+        "description": "missing or wrong bearer token (the server has a token)",
+    },
+    403: {
+        "model": Problem,
+        "description": "a client other than loopback, and the server has no token and does not "
+        "open its reads",
     },
     422: {"model": InvalidInput, "description": "a parameter or body the API cannot take"},
 }
@@ -190,7 +204,34 @@ def require_token(request: Request, context: Context, credentials: Credentials) 
         raise HTTPException(status.HTTP_403_FORBIDDEN, NO_TOKEN_DETAIL)
 
 
-def require_read_access(context: Context, credentials: Credentials) -> None:
-    """Guard a read: the bearer token is needed when the server protects reads."""
-    if context.protect_reads and context.api_token is not None:
+def is_loopback(request: Request) -> bool:
+    """Whether ``request`` comes from this machine (127.0.0.0/8, ``::1``, ``::ffff:127.x``).
+
+    Behind a proxy on the same machine that sets ``X-Forwarded-For``, the server (uvicorn)
+    puts the forwarded client address here; docs/operations.md (*API security*) says more.
+    """
+    client = request.client
+    if client is None:
+        return False
+    try:
+        address = ipaddress.ip_address(client.host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def require_read_access(request: Request, context: Context, credentials: Credentials) -> None:
+    """Guard a read: with a token, ``Authorization: Bearer <token>`` is needed (401 otherwise);
+    without one, a client other than loopback is refused (403) unless reads are open.
+
+    It guards every route of the resource routers, changes too (which :func:`require_token`
+    guards after it): a change from a foreign origin is refused as such first.
+    """
+    if request.method not in ("GET", "HEAD"):
+        _refuse_foreign_origin(request, context)
+    if context.api_token is not None:
         _check_bearer(context.api_token, credentials)
+    elif not context.open_reads and not is_loopback(request):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, NO_TOKEN_READ_DETAIL)

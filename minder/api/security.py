@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Sequence
 
 from fastapi import FastAPI, HTTPException, status
@@ -23,38 +24,58 @@ logger = logging.getLogger(__name__)
 DEFAULT_BODY_TIMEOUT_S = 30.0
 """How long a request body may stall (no bytes at all) before the request gets 408."""
 
+DEFAULT_BODY_MIN_RATE = 1024
+"""Bytes per second a request body must average once its first ``DEFAULT_BODY_TIMEOUT_S`` are
+over (its deadline moves a second later per this many bytes received)."""
+
 CORS_METHODS = ("GET", "POST", "PUT", "PATCH")
 CORS_HEADERS = ("authorization", "content-type")
 
 
 class BodyTimeoutError(HTTPException):
-    """No part of the request body arrived for ``timeout_s`` seconds (HTTP 408).
+    """The request body stalled (no part of it for ``timeout_s`` seconds), or came slower than
+    the minimum rate allows (HTTP 408).
 
     A FastAPI :class:`~fastapi.HTTPException`, so that a route reading a JSON body answers it as
     it is rather than as a body it could not parse; ``Connection: close`` makes the server drop
     the connection, whose body was left half read.
     """
 
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(
-            status.HTTP_408_REQUEST_TIMEOUT,
-            f"the request body stalled: no data for {timeout_s:g} s "
-            "(MINDER_API__BODY_TIMEOUT_S); send the complete body without pausing",
-            headers={"Connection": "close"},
-        )
+    def __init__(self, timeout_s: float, *, slow: tuple[int, float, int] | None = None) -> None:
+        if slow is None:
+            detail = (
+                f"the request body stalled: no data for {timeout_s:g} s "
+                "(MINDER_API__BODY_TIMEOUT_S); send the complete body without pausing"
+            )
+        else:
+            received, elapsed_s, min_rate = slow
+            detail = (
+                f"the request body came too slowly: {received} bytes in {elapsed_s:.0f} s, "
+                f"expected {min_rate} bytes/s after the first {timeout_s:g} s "
+                "(MINDER_API__BODY_MIN_RATE, MINDER_API__BODY_TIMEOUT_S)"
+            )
+        super().__init__(status.HTTP_408_REQUEST_TIMEOUT, detail, headers={"Connection": "close"})
 
 
 class BodyTimeoutMiddleware:
-    """Bound the wait for each chunk of a request body to ``timeout_s`` seconds.
+    """Bound the wait for a request body: each chunk within ``timeout_s`` seconds, and the whole
+    body within ``timeout_s`` plus one second per ``min_rate`` bytes received.
 
-    The server (uvicorn) has no such timeout: a client that declares a body and stops sending it
-    would hold a request, and on an upload a scratch file, for as long as it keeps the connection
-    open. Only the body is bounded; what the app awaits after it (a disconnect) is not.
+    The server (uvicorn) has no such timeout: a client that declares a body and stops sending it,
+    or sends it a byte at a time, would hold a request, and on an upload a scratch file, for as
+    long as it keeps the connection open. Only the body is bounded; what the app awaits after it
+    (a disconnect) is not.
     """
 
-    def __init__(self, app: ASGIApp, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        min_rate: int = DEFAULT_BODY_MIN_RATE,
+    ) -> None:
         self.app = app
         self.timeout_s = timeout_s
+        self.min_rate = min_rate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,21 +83,34 @@ class BodyTimeoutMiddleware:
             return
         body_done = False
         started = False
+        began: float | None = None
+        received = 0
 
         async def timed_receive() -> Message:
-            nonlocal body_done
+            nonlocal body_done, began, received
             if body_done:
                 return await receive()
+            now = time.monotonic()
+            if began is None:
+                began = now
+            # the body's deadline moves one second later for every min_rate bytes received
+            left = began + self.timeout_s + received / self.min_rate - now
             try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
+                message = await asyncio.wait_for(receive(), min(self.timeout_s, max(left, 0.0)))
             except TimeoutError:
+                elapsed = time.monotonic() - began
+                slow = None if left >= self.timeout_s else (received, elapsed, self.min_rate)
                 logger.warning(
-                    "%s %s: the request body stalled for %g s; answering 408",
+                    "%s %s: the request body %s; answering 408",
                     scope.get("method"),
                     scope.get("path"),
-                    self.timeout_s,
+                    f"stalled for {self.timeout_s:g} s"
+                    if slow is None
+                    else f"came too slowly ({received} bytes in {elapsed:.0f} s)",
                 )
-                raise BodyTimeoutError(self.timeout_s) from None
+                raise BodyTimeoutError(self.timeout_s, slow=slow) from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
@@ -133,6 +167,7 @@ def install_http_guards(
     allowed_hosts: Sequence[str] | None,
     cors_origins: Sequence[str],
     body_timeout_s: float,
+    body_min_rate: int = DEFAULT_BODY_MIN_RATE,
 ) -> None:
     """Add the middlewares, outermost first: Host check, CORS, body timeout.
 
@@ -141,9 +176,11 @@ def install_http_guards(
     """
     if body_timeout_s <= 0:
         raise ValidationError(f"body timeout {body_timeout_s:g} s: expected a positive duration")
+    if body_min_rate < 1:
+        raise ValidationError(f"body minimum rate {body_min_rate}: expected at least 1 byte/s")
     hosts = None if allowed_hosts is None else check_host_patterns(allowed_hosts)
     # add_middleware puts each one outside those added before
-    app.add_middleware(BodyTimeoutMiddleware, timeout_s=body_timeout_s)
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=body_timeout_s, min_rate=body_min_rate)
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(cors_origins),

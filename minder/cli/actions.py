@@ -58,8 +58,8 @@ def list_command(
     outcome: Annotated[
         str | None,
         typer.Option(
-            help="applied, unchanged, dry_run, failed, skipped_policy, skipped_opt_out or "
-            "skipped_breaker"
+            help="applied, unchanged, dry_run, failed, skipped_policy, skipped_opt_out, "
+            "skipped_breaker or skipped_not_in_job"
         ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=MAX_PAGE, help="entries to show")] = 50,

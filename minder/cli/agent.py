@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the agent and its sources are imported when it runs, not fo
     from collectors.agent import Agent
     from collectors.base import Source
     from minder.core.records import NodeBatch
+    from minder.core.signing import Signer
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,16 @@ def agent_command(
     spool_max_bytes: Annotated[
         int, typer.Option(help="spool bound; beyond it the oldest batches are dropped")
     ] = DEFAULT_SPOOL_MAX_BYTES,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MINDER_AGENT_SIGNING_KEY",
+            help="this node's key file (`minder keys node`); default: the systemd credential "
+            "'minder-node-key'. Without one, batches go unsigned and a service that requires "
+            "signatures dead-letters them",
+            show_default=False,
+        ),
+    ] = None,
     metrics_port: Annotated[
         int, typer.Option(help="port of the local Prometheus /metrics (0 = off)")
     ] = DEFAULT_METRICS_PORT,
@@ -282,6 +293,9 @@ def agent_command(
             overrides["node"] = node
         identity = discover_identity(os.environ, overrides)
         command = None if ethtool_command.strip().lower() == "off" else shlex.split(ethtool_command)
+        from minder.core.signing import node_signer  # noqa: PLC0415
+
+        signer = None if once else node_signer(signing_key, identity.node)
     except (ValidationError, ValueError) as exc:  # ValueError: shlex on unbalanced quotes
         raise fail(exc) from None
     try:
@@ -318,7 +332,8 @@ def agent_command(
             sasl_password_file=kafka_sasl_password_file,
         )
         _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format)  # fmt: skip
+             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format,
+             signer=signer)  # fmt: skip
     finally:
         agent.close()
 
@@ -375,6 +390,7 @@ def _run(
     goodbye: bool = True,
     flags: KafkaFlags | None = None,
     fmt: WireFormat = AGENT_FORMAT,
+    signer: Signer | None = None,
 ) -> None:
     from collectors.agent import AgentExporter  # noqa: PLC0415
     from minder.agent_runner import AgentRunner  # noqa: PLC0415
@@ -405,7 +421,11 @@ def _run(
             agent,
             spool,
             lambda: KafkaRecordSender(
-                bootstrap, topic=topic, client_id=client_id, client_options=client_options
+                bootstrap,
+                topic=topic,
+                client_id=client_id,
+                client_options=client_options,
+                signer=signer,
             ),
             goodbye=goodbye,
             fmt=fmt,
@@ -425,6 +445,7 @@ def _run(
             f"spool {spool_dir}"
             + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
             + ("" if goodbye else "; no goodbye")
+            + (f"; signed (key {signer.key.kid})" if signer else "; UNSIGNED (no --signing-key)")
             + "; Ctrl-C stops"
         )
         runner.run()

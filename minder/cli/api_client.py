@@ -236,8 +236,8 @@ class MinderApi:
     url
         Where the API answers (``http://host:8080``; a trailing ``/api/v1`` is accepted).
     token
-        The bearer token (the server's ``MINDER_API__TOKEN``), sent with every request: changes
-        need it, and reads when the server protects them (``MINDER_API__PROTECT_READS``).
+        The bearer token (the server's ``MINDER_API__TOKEN``), sent with every request: a server
+        with a token needs it for changes and reads alike.
     timeout
         Seconds to wait for connecting and for each answer.
     transport

@@ -86,6 +86,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "breaker_app",
         "The actions circuit breaker: status, reset (over the API).",
     ),
+    "keys": LazyCommand(
+        "minder.cli.keys",
+        "keys_app",
+        "Signing keys of the node agents: create, rotate, retire, hand out (docs/security.md).",
+    ),
     "labels": LazyCommand(
         "minder.cli.labels",
         "labels_app",

@@ -112,6 +112,7 @@ def run_demo(
     """
     from collectors.sim.labels import scenario_labels  # noqa: PLC0415
     from collectors.sim.output import iter_batches  # noqa: PLC0415
+    from minder.core.signing import FleetSigner, init_cluster_keys, load_cluster_keys  # noqa: PLC0415
     from minder.service.stack import build_stack  # noqa: PLC0415
     from minder.stream.broker import EmbeddedBroker, free_port  # noqa: PLC0415
     from minder.stream.producer import BatchProducer  # noqa: PLC0415
@@ -125,6 +126,12 @@ def run_demo(
         settings.database.url = database_url or f"sqlite:///{workdir / 'minder.db'}"
         settings.api.port = port or free_port()
         access = _demo_access(settings)
+        # Signed as real agents sign (docs/security.md): this run's cluster key, each simulated
+        # node's key derived from it.
+        if settings.auth.keys_file is None:
+            settings.auth.keys_file = workdir / "cluster.keys"
+            init_cluster_keys(settings.auth.keys_file, "demo")
+        signer = FleetSigner(load_cluster_keys(settings.auth.keys_file)[-1])
         stack: Stack = build_stack(settings)
         cleanup.callback(stack.stop)  # also when the start fails half-way
         stack.start()
@@ -133,7 +140,7 @@ def run_demo(
         if on_ready is not None:
             on_ready(api_url, metrics_url, access)
 
-        producer = cleanup.enter_context(BatchProducer(broker.bootstrap))
+        producer = cleanup.enter_context(BatchProducer(broker.bootstrap, signer=signer))
         origin = time.time() + 1.0
         labels = scenario_labels(scenario, start_ts=origin)
         columns = ["job", "machine", "fault", "device", "domain", "start_ts"]
@@ -173,13 +180,13 @@ def run_demo(
 
 def _demo_access(settings: Settings) -> str:
     """Give the demo's API a random token unless the operator chose one or open mode; say how
-    to make changes."""
+    to read and make changes (a token guards both)."""
     if settings.api.open:
-        return "changes: open to anyone (MINDER_API__OPEN=true)"
+        return "reads and changes: open to anyone (MINDER_API__OPEN=true)"
     if settings.api.token is not None:
-        return "changes: with the token of MINDER_API__TOKEN"
+        return "reads and changes: with the token of MINDER_API__TOKEN"
     settings.api.token = secrets.token_urlsafe(24)
-    return f"changes: --token {settings.api.token} (this run's token)"
+    return f"reads and changes: --token {settings.api.token} (this run's token)"
 
 
 def _report_new(

@@ -120,8 +120,12 @@ def fault_name(alert: AlertOut) -> str:
 def label_rows(alert: AlertOut, end: LabelEnd) -> list[dict[str, Any]]:
     """The label rows of one reviewed alert (one per member machine of a domain alert).
 
-    ``end_ts`` is never before ``start_ts`` nor before the fault's last report.
+    ``end_ts`` is never before ``start_ts`` nor before the fault's last report. A
+    ``suspicious_source`` alert has none: it says a report came from outside its job, not that
+    the machine was faulty.
     """
+    if alert["kind"] == "suspicious_source":
+        return []
     start = float(alert["first_ts"])
     last_seen = max(float(alert["last_seen_ts"]), start)
     end_ts = max(float(alert["updated_at"]), last_seen) if end is LabelEnd.resolved else last_seen

@@ -54,12 +54,11 @@ def describe_access(settings: Settings) -> str:
     """How the API is guarded, for the start-up line (never the token itself)."""
     api = settings.api
     if api.open:
-        return "API open to changes by anyone (MINDER_API__OPEN=true)"
+        return "API open to reads and changes by anyone (MINDER_API__OPEN=true)"
     if api.token is None:
-        return "API read-only: changes refused until MINDER_API__TOKEN is set"
-    if api.protect_reads:
-        return "API changes and reads need the token"
-    return "API changes need the token"
+        readers = "any client (MINDER_API__OPEN_READS=true)" if api.open_reads else "loopback"
+        return f"API reads from {readers}, changes refused until MINDER_API__TOKEN is set"
+    return "API changes and reads need the token"
 
 
 def serve_command(
@@ -140,6 +139,13 @@ def serve_command(
             f"--source {source.value} needs MINDER_PROMETHEUS__URL: expected the Prometheus "
             "server's base URL, e.g. http://prometheus:9090"
         )
+    if use_kafka:  # a missing or bad key file first: it is the operator's to fix
+        from minder.core.signing import service_cluster_keys  # noqa: PLC0415
+
+        try:
+            service_cluster_keys(settings.auth.keys_file, required=settings.auth.mode == "required")
+        except MinderError as exc:
+            raise fail(exc) from None
     publish = settings.kafka.publish_alerts
     needs_broker = use_kafka or bool(publish)
     if not embedded_broker and needs_broker:
@@ -189,7 +195,10 @@ def serve_command(
         )
         try:
             while not stop.wait(0.5):
-                pass
+                # The API thread ended (out of files, a crash of its loop): exit non-zero so
+                # that systemd (Restart=on-failure) or Kubernetes starts the service again.
+                if (failure := stack.api_failure()) is not None:
+                    raise fail(f"the API stopped serving ({failure}); exiting so that it restarts")
         except KeyboardInterrupt:
             pass
         err.print("stopping")

@@ -54,6 +54,15 @@ def simulate_command(
     kafka_sasl_mechanism: KafkaSaslMechanismOption = None,
     kafka_sasl_username: KafkaSaslUsernameOption = None,
     kafka_sasl_password_file: KafkaSaslPasswordFileOption = None,
+    keys_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --kafka: sign each node's batches as its agent would, with node keys "
+            "derived from this cluster key file (default: MINDER_AUTH__KEYS_FILE; none sends "
+            "unsigned batches, which a service requiring signatures dead-letters)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Simulate a cluster from a scenario file: write the metric table or publish to Kafka.
 
@@ -74,8 +83,9 @@ def simulate_command(
         sasl_username=kafka_sasl_username,
         sasl_password_file=kafka_sasl_password_file,
     )
-    if kafka is None and flags.given():
-        raise fail(f"{', '.join(flags.given())} without --kafka: expected --kafka BOOTSTRAP too")
+    if kafka is None and (flags.given() or keys_file is not None):
+        given = ", ".join([*flags.given(), *(["--keys-file"] if keys_file is not None else [])])
+        raise fail(f"{given} without --kafka: expected --kafka BOOTSTRAP too")
     scenario = load_scenario(scenario_file)
     if output is None and kafka is None:
         raise fail("nothing to do: give -o FILE and/or --kafka BOOTSTRAP")
@@ -92,14 +102,19 @@ def simulate_command(
         if labels is not None:
             out.print(f"wrote {write_scenario_labels(scenario, labels)}")
         if settings is not None:
-            sent = _publish(scenario, settings.kafka, realtime)
+            sent = _publish(
+                scenario, settings.kafka, realtime, keys_file or settings.auth.keys_file
+            )
             out.print(f"published {sent} batches to {kafka}")
     except (MinderError, OSError) as exc:
         raise fail(exc) from None
 
 
-def _publish(scenario: Scenario, kafka: KafkaSettings, realtime: bool) -> int:
+def _publish(
+    scenario: Scenario, kafka: KafkaSettings, realtime: bool, keys_file: Path | None
+) -> int:
     from collectors.sim.output import iter_batches  # noqa: PLC0415
+    from minder.core.signing import FleetSigner, load_cluster_keys  # noqa: PLC0415
     from minder.stream.producer import BatchProducer  # noqa: PLC0415
     from minder.stream.topics import ensure_topics  # noqa: PLC0415
 
@@ -109,9 +124,13 @@ def _publish(scenario: Scenario, kafka: KafkaSettings, realtime: bool) -> int:
     )
     sent = 0
     start = time.time() + 1.0 if realtime else None
+    signer = None if keys_file is None else FleetSigner(load_cluster_keys(keys_file)[-1])
     with (
         BatchProducer(
-            kafka.bootstrap, topic=kafka.metrics_topic, client_options=client_options
+            kafka.bootstrap,
+            topic=kafka.metrics_topic,
+            client_options=client_options,
+            signer=signer,
         ) as producer,
         progress() as bar,
     ):

@@ -21,6 +21,9 @@ class AlertKind(StrEnum):
     """The machine slows the job down (step or collective time)."""
     SILENCE = "silence"
     """The machine stopped reporting while its peers go on."""
+    SUSPICIOUS_SOURCE = "suspicious_source"
+    """An alert named a machine that, per the scheduler, does not run the alert's job (a forged or
+    misrouted report): raised by the scheduler actions in place of acting, and never acted on."""
 
 
 class AlertStatus(StrEnum):

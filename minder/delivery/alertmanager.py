@@ -8,9 +8,10 @@ which a re-send overwrites.
 
 Labels
     ``alertname``  ``MinderRule`` | ``MinderSimilarity`` | ``MinderStraggler`` | ``MinderSilence``
-    (one per :class:`~minder.core.alert.AlertKind`, so routes and silences can tell a hard fault
-    from a statistical one); ``job_id``, ``machine``, ``kind``, ``metric``; ``severity``
-    (rule and silence: ``critical``, similarity: ``warning``, straggler: ``info``);
+    | ``MinderSuspiciousSource`` (one per :class:`~minder.core.alert.AlertKind`, so routes and
+    silences can tell a hard fault from a statistical one, and a report the scheduler
+    contradicts from both); ``job_id``, ``machine``, ``kind``, ``metric``; ``severity`` (rule and
+    silence: ``critical``, similarity and suspicious_source: ``warning``, straggler: ``info``);
     ``alert_id`` (Minder's id: a fault that comes back after its end is a new alert, as in
     Minder); ``domain`` only for a domain-wide alert (then ``machine`` is the domain's name);
     plus the caller's ``extra_labels`` (``cluster``, ``team``...), which may not override these.
@@ -76,6 +77,7 @@ ALERTNAMES: Final[Mapping[AlertKind, str]] = MappingProxyType(
         AlertKind.SIMILARITY: "MinderSimilarity",
         AlertKind.STRAGGLER: "MinderStraggler",
         AlertKind.SILENCE: "MinderSilence",
+        AlertKind.SUSPICIOUS_SOURCE: "MinderSuspiciousSource",
     }
 )
 """The ``alertname`` label of each kind."""
@@ -86,6 +88,7 @@ SEVERITIES: Final[Mapping[AlertKind, str]] = MappingProxyType(
         AlertKind.SILENCE: "critical",
         AlertKind.SIMILARITY: "warning",
         AlertKind.STRAGGLER: "info",
+        AlertKind.SUSPICIOUS_SOURCE: "warning",
     }
 )
 """The ``severity`` label of each kind."""
@@ -292,6 +295,11 @@ def _summary(alert: Alert) -> str:
         what = f"{alert.metric}{of} deviates from its peers"
     elif alert.kind is AlertKind.STRAGGLER:
         what = f"slows the job down ({alert.metric}{where})"
+    elif alert.kind is AlertKind.SUSPICIOUS_SOURCE:
+        said = alert.evidence.get("reason")
+        what = f"a {alert.metric} report names it outside its job, not acted on" + (
+            f" ({_truncate(_text(said), 160)})" if said else ""
+        )
     else:
         what = "stopped reporting while its peers go on"
     return f"[{alert.job}] {alert.machine}: {what}"

@@ -7,6 +7,11 @@ own rows. A worker claims due rows (:func:`minder.storage.outbox.claim_due`), ha
 Rows live in the database, so a restart resumes where the last process stopped, and the next
 attempt's time survives it too (this is why the backoff is computed here rather than by an
 in-process retry loop such as tenacity's).
+
+Claimed rows are leased to the worker for ``lease_s`` (15 s by default), and a heartbeat thread
+renews the leases of the rows not finished yet every third of that while the batch is being
+sent: a delivery slower than the lease is never sent by a second worker at the same time, and
+the rows of a worker that crashed are claimed again at most ``lease_s`` after its last renewal.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from minder.core.errors import MinderError
 from minder.storage import SessionFactory
 from minder.storage.outbox import (
+    DEFAULT_LEASE_S,
     Delivery,
     DeliveryStatus,
     backlog,
@@ -32,6 +39,7 @@ from minder.storage.outbox import (
     mark_delivered,
     mark_failed,
     release,
+    renew_leases,
 )
 
 logger = logging.getLogger(__name__)
@@ -84,7 +92,7 @@ class Sender(Protocol):
 
     destination: str
     timeout_s: float
-    """The longest one :meth:`send` may take (the worker's leases cover a batch of them)."""
+    """The longest one :meth:`send` may take (its lease is renewed meanwhile)."""
 
     def send(self, delivery: Delivery) -> None:
         """Deliver, or raise :class:`DeliveryError` / :class:`Deferred`."""
@@ -160,17 +168,22 @@ class DeliveryWorker:
         metrics: DeliveryMetrics | None = None,
         backoff: Backoff | None = None,
         batch: int = 50,
-        lease_s: float = 120.0,
+        lease_s: float = DEFAULT_LEASE_S,
         idle_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s is {lease_s!r}: expected seconds > 0")
         self.sender = sender
         self.destination = sender.destination
         self.sessions = sessions
         self.metrics = metrics
         self.backoff = backoff or Backoff()
         self.batch = batch
-        self.lease_s = max(lease_s, 4 * sender.timeout_s)
+        self.lease_s = lease_s
+        self.renew_every_s = lease_s / 3
+        """How often the leases of a batch being sent are renewed (two renewals may fail before
+        a lease runs out)."""
         self.idle_s = idle_s
         self.clock = clock
         self._stop = threading.Event()
@@ -195,32 +208,34 @@ class DeliveryWorker:
                 limit=self.batch,
                 lease_s=self.lease_s,
             )
-        # Rows are sent one after another; stop before a lease could run out mid-send (a slow
-        # receiver), so that no other worker sends the same row, or a later one of its alert,
-        # at the same time.
-        safe_until = now + self.lease_s - 2 * self.sender.timeout_s
-        for index, delivery in enumerate(due):
-            if self._stop.is_set() or self.clock() > safe_until:
-                with self.sessions.begin() as session:
-                    release(session, [d.id for d in due[index:]], owner=self.owner)
-                break
-            self._send(delivery)
+        if not due:
+            return 0
+        # Rows are sent one after another while a heartbeat renews their leases; a batch whose
+        # leases could not be renewed stops (its lease may run out mid-send, and another worker
+        # may then send the same row, or a later one of its alert, at the same time).
+        with _LeaseHeartbeat(self, [d.id for d in due], expires_at=now + self.lease_s) as lease:
+            for index, delivery in enumerate(due):
+                if self._stop.is_set() or not lease.holding():
+                    with self.sessions.begin() as session:
+                        release(session, [d.id for d in due[index:]], owner=self.owner)
+                    break
+                self._send(delivery, lease)
         return len(due)
 
-    def _send(self, delivery: Delivery) -> None:
+    def _send(self, delivery: Delivery, lease: _LeaseHeartbeat) -> None:
         outcome = "delivered"
         try:
             self.sender.send(delivery)
         except Deferred as deferred:
             outcome = "held"
-            self._fail(delivery, deferred.why, deferred.until, count_attempt=False)
+            self._fail(delivery, lease, deferred.why, deferred.until, count_attempt=False)
         except DeliveryError as exc:
             retry_at = None
             if exc.transient:
                 retry_at = self.clock() + max(
                     self.backoff.delay(delivery.attempts + 1), exc.retry_after_s or 0.0
                 )
-            status = self._fail(delivery, str(exc), retry_at)
+            status = self._fail(delivery, lease, str(exc), retry_at)
             outcome = "retry" if status is DeliveryStatus.PENDING else "expired"
             log = logger.info if outcome == "retry" else logger.error
             log(
@@ -238,10 +253,10 @@ class DeliveryWorker:
             logger.exception("%s: sender raised on delivery %s", self.destination,
                              delivery.delivery_id)  # fmt: skip
             retry_at = self.clock() + self.backoff.delay(delivery.attempts + 1)
-            status = self._fail(delivery, f"internal error: {exc!r}", retry_at)
+            status = self._fail(delivery, lease, f"internal error: {exc!r}", retry_at)
             outcome = "retry" if status is DeliveryStatus.PENDING else "expired"
         else:
-            with self.sessions.begin() as session:
+            with lease.finishing(delivery.id), self.sessions.begin() as session:
                 if not mark_delivered(session, delivery.id, now=self.clock(), owner=self.owner):
                     logger.warning("%s: delivery %s was sent after its lease ran out",
                                    self.destination, delivery.delivery_id)  # fmt: skip
@@ -249,9 +264,15 @@ class DeliveryWorker:
             self.metrics.deliveries.labels(self.destination, outcome).inc()
 
     def _fail(
-        self, delivery: Delivery, error: str, retry_at: float | None, *, count_attempt: bool = True
+        self,
+        delivery: Delivery,
+        lease: _LeaseHeartbeat,
+        error: str,
+        retry_at: float | None,
+        *,
+        count_attempt: bool = True,
     ) -> DeliveryStatus:
-        with self.sessions.begin() as session:
+        with lease.finishing(delivery.id), self.sessions.begin() as session:
             return mark_failed(
                 session,
                 delivery.id,
@@ -297,6 +318,77 @@ class DeliveryWorker:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.sender.close()
+
+
+class _LeaseHeartbeat:
+    """Renews a worker's leases of the rows of one batch, from a thread, until the batch ends.
+
+    A row leaves the renewal when the worker marks it (:meth:`finishing`, under the same lock as
+    a renewal, so a renewal never counts a just-marked row as lost).
+    """
+
+    def __init__(
+        self, worker: DeliveryWorker, row_ids: Iterable[int], *, expires_at: float
+    ) -> None:
+        self._worker = worker
+        self._held = set(row_ids)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._renewed = True
+        self._lost = False
+        self.expires_at = expires_at
+        """When the leases run out unless renewed again (the worker's clock)."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"minder-lease-{worker.destination}", daemon=True
+        )
+
+    def __enter__(self) -> _LeaseHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def holding(self) -> bool:
+        """True while the leases are known to be held: the last renewal worked, kept every row,
+        and the lease has not run out."""
+        return self._renewed and not self._lost and self._worker.clock() < self.expires_at
+
+    @contextmanager
+    def finishing(self, row_id: int) -> Iterator[None]:
+        """Mark ``row_id`` (delivered, failed) inside this block: it is renewed no more."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._held.discard(row_id)
+
+    def _run(self) -> None:
+        worker = self._worker
+        while not self._done.wait(worker.renew_every_s):
+            with self._lock:
+                held = sorted(self._held)
+                if not held:
+                    return
+                until = worker.clock() + worker.lease_s
+                try:
+                    with worker.sessions.begin() as session:
+                        kept = renew_leases(session, held, owner=worker.owner, until=until)
+                except Exception as exc:
+                    self._renewed = False
+                    logger.warning("%s: cannot renew the leases of %d row(s) being delivered "
+                                   "(%s); the batch stops", worker.destination, len(held),
+                                   (str(exc).splitlines() or [type(exc).__name__])[0]
+                                   [:MAX_LOGGED_CHARS])  # fmt: skip
+                    continue
+            if kept < len(held):
+                self._lost = True
+                logger.warning("%s: %d of %d row(s) being delivered were claimed by another "
+                               "worker after their lease ran out", worker.destination,
+                               len(held) - kept, len(held))  # fmt: skip
+            self._renewed = True
+            self.expires_at = until
 
 
 class Periodic:

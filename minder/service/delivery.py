@@ -92,7 +92,16 @@ def build_actuator(settings: Settings) -> object:
         from minder.actions.kubernetes import KubernetesActuator  # noqa: PLC0415
 
         in_cluster = a.kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
-        return KubernetesActuator.from_config(a.kubeconfig, a.kube_context, in_cluster)
+        try:
+            return KubernetesActuator.from_config(
+                a.kubeconfig,
+                a.kube_context,
+                in_cluster,
+                job_label=a.kube_job_label,
+                job_namespace=a.kube_job_namespace,
+            )
+        except ValueError as exc:  # a job label or namespace that cannot be one
+            raise MinderError(f"actions: {exc}") from None
     raise MinderError(f"actions target {a.target!r}: expected slurm or kubernetes")
 
 
@@ -164,7 +173,13 @@ def build_delivery(
             close()
         raise
     workers = [
-        DeliveryWorker(sender, sessions, metrics=delivery_metrics, backoff=backoff)
+        DeliveryWorker(
+            sender,
+            sessions,
+            metrics=delivery_metrics,
+            backoff=backoff,
+            lease_s=settings.delivery.lease_s,
+        )
         for _, sender in senders
     ]
     gauges = [executor.refresh_gauges] if executor is not None else []

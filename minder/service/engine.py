@@ -11,7 +11,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +24,20 @@ from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ValidationError
 from minder.core.records import NodeBatch
+from minder.service.admission import (
+    CONFIRMED,
+    MAX_NODES_KEPT,
+    ONE_SHOT_BATCHES,
+    ONE_SHOT_IDLE_S,
+    Confirmation,
+    Digest,
+    JobConfirmations,
+    LogDigest,
+    RefusedJob,
+    RefusedJobs,
+    job_key,
+    rank_of,
+)
 from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter
 from minder.service.telemetry import ServiceMetrics
 from minder.storage.records import JobFinding
@@ -51,6 +66,15 @@ _LOGGED_BY_DETECTOR = frozenset(
 """``(finding, began)``: the transitions the default engine (detectors.engine) already logs at
 info level, with the numbers behind them; the service logs these at debug only, and every
 other beginning or end of a job-level finding at info."""
+TOO_MANY_JOBS = "too_many_jobs"
+_VICTIMS_EVERY_S = 1.0
+"""The order in which jobs would give their place to a newcomer is rebuilt at most this often
+(wall seconds): not once per refused batch of a flood."""
+_CONFIRM_EVERY_S = 10.0
+"""How often (wall seconds) the live jobs whose scheduler answer is missing or old are queued
+for a lookup."""
+_VictimKey = tuple[int, int, float]
+"""``(rank, 0 when one-shot else 1, last batch wall time)``: the lowest gives its place first."""
 
 
 class AlertSink(Protocol):
@@ -85,7 +109,8 @@ class ServiceLimits:
     each counted when hit (``minder_batches_rejected_total``, ``minder_rejected_total``)."""
 
     max_jobs: int = 1_000
-    """Jobs per worker; a batch of a new job beyond it is refused."""
+    """Jobs per worker; a batch of a new job beyond it is refused, unless the job may take the
+    place of one worth less (:mod:`minder.service.admission`)."""
     new_job_max_age_s: float = math.inf
     """A batch older than this does not start a job (a replay, a broken clock); the service's
     settings default to a day."""
@@ -104,6 +129,9 @@ class JobState:
     last_batch_wall: float = 0.0
     last_evaluation_wall: float = 0.0
     first_batch_wall: float = 0.0
+    batches: int = 0
+    """Batches placed (admission: a job of one machine with a few batches, then silent, is a
+    one-shot job)."""
     rejected_exported: dict[str, int] = field(default_factory=dict)
     """The window's refusals already counted in ``minder_rejected_total``."""
     newest_ts: float = -math.inf
@@ -141,6 +169,13 @@ class DetectionService:
         A job's findings are handed to the writer when their set changes (one begins or
         ends); when only their numbers move (coherence, outliers) at most this often (data
         seconds), so a fleet whose outliers keep rotating is not rewritten every second.
+    confirmations
+        The scheduler's answers about jobs (looked up in a thread of their own): a job it
+        confirms may take the place of an unconfirmed one at ``limits.max_jobs``. None: no
+        scheduler; jobs are ranked by the machines that report for them.
+    refusal_log_every_s
+        Refused and evicted jobs are named in one log line per this many seconds (wall clock)
+        at most, per refusal reason.
     """
 
     def __init__(
@@ -158,6 +193,8 @@ class DetectionService:
         limits: ServiceLimits | None = None,
         writer: StateWriter | None = None,
         findings_refresh_s: float = 60.0,
+        confirmations: JobConfirmations | None = None,
+        refusal_log_every_s: float = 10.0,
     ) -> None:
         if not findings_refresh_s >= 0:
             raise ValueError(f"findings_refresh_s={findings_refresh_s!r}: expected seconds >= 0")
@@ -180,7 +217,18 @@ class DetectionService:
         self._exported_scores: dict[str, set[tuple[str, ...]]] = {}
         self._exported_lateness: dict[str, set[tuple[str, ...]]] = {}
         self._exported_coherence: dict[str, set[tuple[str, ...]]] = {}
-        self._refused_once: set[str] = set()
+        self.confirmations = confirmations
+        self.refusal_log_every_s = refusal_log_every_s
+        # New jobs refused lately (minder_refused_jobs_total counts each once) and the machines
+        # that reported for them: a refused job of several machines may take a place.
+        self._refused = RefusedJobs(memory_s=idle_job_s if idle_job_s > 0 else 1.0)
+        self._refusal_logs: dict[str, LogDigest] = {}
+        self._eviction_log = LogDigest(refusal_log_every_s, names=3)
+        self._victims: deque[tuple[_VictimKey, str]] = deque()
+        self._victims_at = -math.inf
+        self._victims_call = -1
+        self._ingest_calls = 0
+        self._confirmed_at = -math.inf
         # Alerts the store could not take yet: retried every tick, so none is lost to a
         # passing database outage (the detector raises each fault once).
         self._unstored: list[Alert] = []
@@ -211,6 +259,7 @@ class DetectionService:
         """
         placed = 0
         samples = 0
+        self._ingest_calls += 1
         now_wall = self.clock()
         newest_ts = -math.inf
         newest_of: dict[str, float] = {}
@@ -235,7 +284,7 @@ class DetectionService:
                 continue
             state = self.jobs.get(batch.job)
             if state is None:
-                refused = self._refuse_new_job(batch, now_wall)
+                refused = self._refuse_new_job(batch, now_wall, of_job)
                 if refused:
                     self.metrics.batches_rejected.labels(reason=refused).inc()
                     continue
@@ -261,6 +310,7 @@ class DetectionService:
             window = state.window
             before = window.stats.too_old
             state.last_batch_wall = now_wall
+            state.batches += len(job_batches)
             self._add_to_window(state, job_batches, newest_of[job])
             too_old += window.stats.too_old - before
         if too_old:
@@ -302,28 +352,188 @@ class DetectionService:
                 start, base = i, math.floor(batch.ts)
         window.add_batches(batches[start:])
 
-    def _refuse_new_job(self, batch: NodeBatch, now_wall: float) -> str | None:
-        """Why a batch may not start a new job (None: it may): a job id too long, too many jobs
-        on this worker, or data too old to be a live job (a replay or a broken clock)."""
+    def _refuse_new_job(
+        self, batch: NodeBatch, now_wall: float, busy: Collection[str]
+    ) -> str | None:
+        """Why a batch may not start a new job (None: it may): a job id too long, data too old
+        to be a live job (a replay or a broken clock), or too many jobs on this worker and none
+        this job may take the place of (:mod:`minder.service.admission`; ``busy``: jobs with
+        batches in this ingest call, which keep their place)."""
         lim = self.limits
         if len(batch.job) > lim.window.max_name_length:
             reason = "name_too_long"
-        elif len(self.jobs) >= lim.max_jobs:
-            reason = "too_many_jobs"
         elif batch.ts < now_wall - lim.new_job_max_age_s:
             reason = "too_old_for_new_job"
-        else:
+        elif len(self.jobs) < lim.max_jobs:
             return None
-        if reason not in self._refused_once:
-            self._refused_once.add(reason)
-            logger.warning(
-                "batch of job %r node %r refused (%s; counted in minder_batches_rejected_total, "
-                "said once per reason)",
-                batch.job[:64],
-                batch.node[:64],
-                reason,
-            )
+        else:
+            reason = TOO_MANY_JOBS
+        entry = self._refused.note(reason, batch.job, batch.node, now_wall)
+        if reason == TOO_MANY_JOBS and self._take_a_place(batch.job, entry, now_wall, busy):
+            self._refused.forget(reason, batch.job)
+            return None
+        if not entry.counted:
+            entry.counted = True
+            self.metrics.refused_jobs.labels(reason=reason).inc()
+        log = self._refusal_logs.get(reason)
+        if log is None:
+            log = self._refusal_logs[reason] = LogDigest(self.refusal_log_every_s)
+        machines = len(entry.nodes)
+        more = "+" if machines >= MAX_NODES_KEPT else ""
+        detail = f"{machines}{more} machine(s), {entry.batches} batch(es)"
+        said = log.add(entry.job, machines, detail, now_wall)
+        if said is not None:
+            self._say_refused(reason, said)
         return reason
+
+    def _say_refused(self, reason: str, digest: Digest) -> None:
+        why = {
+            "name_too_long": f"job id over {self.limits.window.max_name_length} characters",
+            "too_old_for_new_job": f"data older than {self.limits.new_job_max_age_s:.0f} s",
+            TOO_MANY_JOBS: f"this worker holds its {self.limits.max_jobs} jobs and none of them "
+            "is worth less",
+        }.get(reason, reason)
+        logger.warning(
+            "new jobs refused (%s: %s): %d batch(es) of %d job(s) in %.0f s: %s; counted in "
+            "minder_refused_jobs_total",
+            reason,
+            why,
+            digest.events,
+            digest.subjects,
+            digest.span_s,
+            digest.names(),
+        )
+
+    # -- admission at the bound (minder.service.admission) -----------------------------------
+    def _rank(self, job: str, state: JobState, now_wall: float) -> _VictimKey:
+        """Where ``job`` stands when a newcomer needs a place (the lowest gives it first)."""
+        confirmed = (
+            self.confirmations is not None
+            and self.confirmations.states([job])[0] is Confirmation.CONFIRMED
+        )
+        return self._victim_key(confirmed, state, now_wall)
+
+    @staticmethod
+    def _victim_key(confirmed: bool, state: JobState, now_wall: float) -> _VictimKey:
+        machines = state.window.n_machines
+        one_shot = (
+            not confirmed
+            and machines <= 1
+            and state.batches <= ONE_SHOT_BATCHES
+            and now_wall - state.last_batch_wall >= ONE_SHOT_IDLE_S
+        )
+        return (rank_of(confirmed, machines), 0 if one_shot else 1, state.last_batch_wall)
+
+    def _victim_order(self, now_wall: float) -> deque[tuple[_VictimKey, str]]:
+        """The jobs in the order they would give their place, rebuilt at most every
+        :data:`_VICTIMS_EVERY_S`, or once per ingest call when it ran out (one sort of the
+        jobs, not one per refused batch)."""
+        stale = now_wall - self._victims_at >= _VICTIMS_EVERY_S
+        if stale or (not self._victims and self._victims_call != self._ingest_calls):
+            self._victims_at = now_wall
+            self._victims_call = self._ingest_calls
+            jobs = list(self.jobs)
+            confirmed = (
+                [c is Confirmation.CONFIRMED for c in self.confirmations.states(jobs)]
+                if self.confirmations is not None
+                else [False] * len(jobs)
+            )
+            keyed = [
+                (self._victim_key(ok, self.jobs[job], now_wall), job)
+                for job, ok in zip(jobs, confirmed, strict=True)
+            ]
+            keyed.sort()
+            self._victims = deque(keyed)
+        return self._victims
+
+    def _take_a_place(
+        self, job: str, entry: RefusedJob, now_wall: float, busy: Collection[str]
+    ) -> bool:
+        """Evict the job ``job`` may take the place of, if any: one of a lower rank, or a
+        one-shot job; True when one was evicted."""
+        machines = len(entry.nodes)
+        confirmed = (
+            self.confirmations is not None
+            and self.confirmations.state(job, priority=machines) is Confirmation.CONFIRMED
+        )
+        rank = rank_of(confirmed, machines)
+        order = self._victim_order(now_wall)
+        while order:
+            cached, victim = order[0]
+            state = self.jobs.get(victim)
+            if state is None or victim in busy:
+                order.popleft()
+                continue
+            fresh = self._rank(victim, state, now_wall)
+            one_shot = fresh[1] == 0
+            if one_shot or fresh[0] < rank:
+                order.popleft()
+                if one_shot:
+                    reason = "one_shot"
+                elif rank == CONFIRMED:
+                    reason = "for_confirmed_job"
+                else:
+                    reason = "for_several_machines"
+                self._evict(victim, state, reason, job, entry, rank, now_wall)
+                return True
+            if fresh != cached:  # it changed since the order was built: placed at the next
+                order.popleft()
+                continue
+            return False  # the order is by rank, one-shot first: no job gives its place
+        return False
+
+    def _evict(
+        self,
+        victim: str,
+        state: JobState,
+        reason: str,
+        newcomer: str,
+        entry: RefusedJob,
+        rank: int,
+        now_wall: float,
+    ) -> None:
+        """Drop ``victim``'s window for ``newcomer``'s; count it and say it (rate-limited)."""
+        self._drop(victim)
+        self.metrics.evicted_jobs.labels(reason=reason).inc()
+        standing = (
+            "confirmed by the scheduler" if rank == CONFIRMED else f"{len(entry.nodes)} machine(s)"
+        )
+        detail = (
+            f"{state.window.n_machines} machine(s), {state.batches} batch(es), idle "
+            f"{now_wall - state.last_batch_wall:.0f} s; {reason}: for {job_key(newcomer)[:64]!r}, "
+            f"{standing}"
+        )
+        said = self._eviction_log.add(
+            job_key(victim), rank * 100 + min(len(entry.nodes), 99), detail, now_wall
+        )
+        if said is not None:
+            self._say_evicted(said)
+
+    def _say_evicted(self, digest: Digest) -> None:
+        logger.warning(
+            "%d job(s) evicted in %.0f s to admit new ones at the bound of %d jobs per worker "
+            "(minder_evicted_jobs_total): %s",
+            digest.events,
+            digest.span_s,
+            self.limits.max_jobs,
+            digest.names(),
+        )
+
+    def _admission_housekeeping(self, now_wall: float) -> None:
+        """Say the refusals and evictions not said yet, and queue lookups of the live jobs the
+        scheduler has not answered for lately."""
+        for reason, log in self._refusal_logs.items():
+            said = log.due(now_wall)
+            if said is not None:
+                self._say_refused(reason, said)
+        said = self._eviction_log.due(now_wall)
+        if said is not None:
+            self._say_evicted(said)
+        if self.confirmations is not None and now_wall - self._confirmed_at >= _CONFIRM_EVERY_S:
+            self._confirmed_at = now_wall
+            self.confirmations.refresh(
+                {job: state.window.n_machines for job, state in self.jobs.items()}
+            )
 
     def stalled_jobs(self, stall_s: float = 60.0) -> list[str]:
         """Jobs whose data keeps arriving while their evaluation has not advanced for
@@ -343,6 +553,7 @@ class DetectionService:
     def tick(self) -> list[Alert]:
         """Evaluate every job up to its watermark; return the new alerts."""
         self._retry_unstored()
+        self._admission_housekeeping(self.clock())
         new_alerts, self._caught_up = self._caught_up, []
         for job, state in list(self.jobs.items()):
             if self.clock() - state.last_batch_wall > self.idle_job_s:
@@ -668,8 +879,12 @@ class DetectionService:
         )
 
     def _retire(self, job: str) -> None:
+        self._drop(job)
+        logger.info("job %s idle for %.0f s: window dropped", job[:64], self.idle_job_s)
+
+    def _drop(self, job: str) -> None:
+        """Forget ``job``: its window, its series, what is kept for it."""
         self.jobs.pop(job)
-        logger.info("job %s idle for %.0f s: window dropped", job, self.idle_job_s)
         self.metrics.forget_job(job)
         _export_top(self.metrics.machine_score, job, self._exported_scores, {})
         _export_top(self.metrics.rank_lateness, job, self._exported_lateness, {})

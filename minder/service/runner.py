@@ -34,6 +34,10 @@ class DetectionWorker:
         self._lag_keys: set[tuple[str, int]] = set()
         self._offset_keys: set[tuple[str, int]] = set()
         service.metrics.init_reasons(REASON_CLASSES)
+        self._seen_auth: Counter[str] = Counter()
+        self._seen_verified = 0
+        if consumer.authenticator is not None:
+            service.metrics.init_auth(self._auth_action())
         self.polls = 0
 
     def _handle(self, batches: list[NodeBatch]) -> None:
@@ -64,6 +68,16 @@ class DetectionWorker:
             if delta:
                 metrics.decode_failures.labels(reason=reason).inc(delta)
                 self._seen_failed[reason] = count
+        auth = self.consumer.authenticator
+        if auth is not None:
+            action = self._auth_action()
+            for reason, count in auth.failures.items():
+                delta = count - self._seen_auth[reason]
+                if delta:
+                    metrics.unauthenticated.labels(reason=reason, action=action).inc(delta)
+                    self._seen_auth[reason] = count
+            metrics.batches_verified.inc(auth.verified - self._seen_verified)
+            self._seen_verified = auth.verified
         dead_failed, handler_failed, skipped = self._seen_retries
         metrics.deadletter_failures.inc(stats.deadletter_failures - dead_failed)
         metrics.handler_failures.inc(stats.handler_failures - handler_failed)
@@ -80,6 +94,10 @@ class DetectionWorker:
             metrics.consumer_offset.remove(topic, str(partition))
         self._lag_keys, self._offset_keys = set(backlog), set(offsets)
         metrics.assigned_partitions.set(stats.assigned_partitions)
+
+    def _auth_action(self) -> str:
+        auth = self.consumer.authenticator
+        return "dead_lettered" if auth is None or auth.mode == "required" else "accepted"
 
     @property
     def ready(self) -> bool:

@@ -13,15 +13,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from minder.api.app import create_app
+from minder.api.server import (
+    ApiServer,
+    ServerLimits,
+    accept_batch,
+    api_server,
+    open_file_limit,
+    resolve_max_connections,
+)
 from minder.config import Settings
 from minder.core.alert import Alert
 from minder.core.codec import layout_cache
 from minder.core.errors import MinderError
 from minder.core.records import NodeBatch
+from minder.service.admission import JobConfirmations
 from minder.service.delivery import Delivery, build_delivery
 from minder.service.engine import DetectionService
 from minder.service.persistence import StateWriter
@@ -32,6 +40,7 @@ from minder.service.telemetry import ServiceMetrics
 from minder.storage.engine import Engine, create_engine_for, session_factory
 from minder.storage.layouts import SqlLayoutStore
 from minder.storage.migrate import upgrade_database
+from minder.stream.auth import BatchAuthenticator
 from minder.stream.consumer import BatchConsumer
 from minder.stream.topics import check_reachable, ensure_topics
 
@@ -71,11 +80,15 @@ class Stack:
     delivery: Delivery
     engine: Engine | None = None
     poller: PrometheusPoller | None = None
-    server: uvicorn.Server | None = None
+    server: ApiServer | None = None
     writer: StateWriter | None = None
     layout_store: SqlLayoutStore | None = None
     """The store the module-wide decoder's layout cache uses (while Kafka is a source)."""
+    confirmations: JobConfirmations | None = None
+    """The scheduler's answers for the admission of new jobs (with a scheduler target)."""
     _threads: list[threading.Thread] = field(default_factory=list)
+    _api_error: BaseException | None = None
+    _stopping: bool = False
 
     @property
     def api_url(self) -> str:
@@ -83,42 +96,88 @@ class Stack:
 
     def start(self, *, api: bool = True, wait_ready_s: float = 30.0) -> None:
         """Start the outbox workers, the sources (Kafka worker, Prometheus poller) and
-        (optionally) the HTTP API; wait until the API answers."""
+        (optionally) the HTTP API; wait until the API answers.
+
+        Raises
+        ------
+        MinderError
+            When the API does not start, or its connection bound does not fit the open-file
+            limit (checked before anything starts).
+        """
+        limits = self._server_limits() if api else None
         self.delivery.start()
         if self.writer is not None:
             self.writer.start()
+        if self.confirmations is not None:
+            self.confirmations.start()
         if self.worker is not None:
             self.worker.start()
         if self.poller is not None:
             self.poller.start()
-        if not api:
+        if limits is None:
             return
         api_settings = self.settings.api
-        config = uvicorn.Config(
-            self.app,
-            host=api_settings.host,
-            port=api_settings.port,
-            log_level="warning",
-            access_log=False,
-            # idle keep-alive connections close; a stalled request body is the app's 408
-            # (MINDER_API__BODY_TIMEOUT_S)
-            timeout_keep_alive=api_settings.keep_alive_s,
-            server_header=False,
+        if "protect_reads" in api_settings.model_fields_set:
+            logger.warning(
+                "MINDER_API__PROTECT_READS is deprecated and has no effect: with a token every "
+                "/api/v1 read needs it, without one only loopback clients read "
+                "(MINDER_API__OPEN_READS); remove the setting"
+            )
+        self.server = api_server(
+            self.app, host=api_settings.host, port=api_settings.port, limits=limits
         )
-        self.server = uvicorn.Server(config)
-        thread = threading.Thread(target=self.server.run, name="minder-api", daemon=True)
+        thread = threading.Thread(target=self._serve_api, name="minder-api", daemon=True)
         thread.start()
         self._threads.append(thread)
         deadline = time.monotonic() + wait_ready_s
         while not self.server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise MinderError(
-                    f"the API did not start on {self.api_url} (port in use?); see the log"
-                )
+                why = "port in use?" if self._api_error is None else _why(self._api_error)
+                raise MinderError(f"the API did not start on {self.api_url} ({why}); see the log")
             time.sleep(0.05)
+        logger.info(
+            "the API holds at most %d connections (open-file limit %s), a request head must "
+            "arrive within %g s",
+            limits.max_connections,
+            open_file_limit() or "unlimited",
+            limits.header_timeout_s,
+        )
+
+    def api_failure(self) -> str | None:
+        """Why the API stopped serving while the stack runs (its thread ended: an exception
+        or an exit of its event loop), or ``None`` while it serves (or was never started)."""
+        if self.server is None or self._stopping:
+            return None
+        thread = next((t for t in self._threads if t.name == "minder-api"), None)
+        if thread is None or thread.is_alive():
+            return None
+        if self._api_error is not None:
+            return _why(self._api_error)
+        return "its server stopped on its own"
+
+    def _server_limits(self) -> ServerLimits:
+        api_settings = self.settings.api
+        limit = open_file_limit()
+        max_connections = resolve_max_connections(api_settings.max_connections, limit)
+        return ServerLimits(
+            max_connections=max_connections,
+            header_timeout_s=api_settings.header_timeout_s,
+            keep_alive_s=api_settings.keep_alive_s,
+            accept_batch=accept_batch(max_connections, limit),
+        )
+
+    def _serve_api(self) -> None:
+        """The API thread: runs the server, keeping what ended it for :meth:`api_failure`."""
+        assert self.server is not None
+        try:
+            self.server.run()
+        except BaseException as exc:  # SystemExit too: uvicorn's start failure
+            self._api_error = exc
+            logger.debug("the API thread ended", exc_info=exc)
 
     def stop(self) -> None:
         """Stop the API, the worker and the sinks, flushing what is pending."""
+        self._stopping = True
         if self.server is not None:
             self.server.should_exit = True
         for thread in self._threads:
@@ -127,6 +186,8 @@ class Stack:
             self.poller.stop()
         if self.worker is not None:
             self.worker.stop()
+        if self.confirmations is not None:
+            self.confirmations.close()
         if self.writer is not None:
             self.writer.close()  # writes the job state still pending
         self.delivery.stop()
@@ -134,6 +195,14 @@ class Stack:
             if self.layout_store is not None and layout_cache().store is self.layout_store:
                 layout_cache().store = None  # its engine is going; another stack sets its own
             self.engine.dispose()
+
+
+def _why(exc: BaseException) -> str:
+    """What ended the API thread, in one line."""
+    if isinstance(exc, SystemExit):
+        return f"its server exited with status {exc.code}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def build_stack(
@@ -157,6 +226,17 @@ def build_stack(
     use_prometheus = source in ("prometheus", "both")
     # First: a bad method or model directory should stop start-up before anything connects.
     factory = settings.detection.detector_factory()
+    # So is a missing or bad key file: batches are verified before they touch any state.
+    authenticator = (
+        BatchAuthenticator.from_key_file(
+            settings.auth.keys_file,
+            settings.auth.mode,
+            max_age_s=settings.auth.max_age_s,
+            max_skew_s=settings.auth.max_skew_s,
+        )
+        if use_kafka
+        else None
+    )
     kafka = settings.kafka
     # Alerts go to the Kafka alerts topic when Kafka is a source, or when asked to.
     kafka_alerts = use_kafka if kafka.publish_alerts is None else kafka.publish_alerts
@@ -183,6 +263,19 @@ def build_stack(
     # Job state (machines, current scores) is written by a thread of its own, never in the
     # poll loop, and only for the machines that changed.
     writer = StateWriter(store, metrics)
+    # With a scheduler target, new jobs at the jobs bound are ranked by the scheduler's word:
+    # the executor's own view (the Slurm or Kubernetes target), asked in a thread of its own.
+    confirmations: JobConfirmations | None = None
+    if delivery.executor is not None:
+        detection = settings.detection
+        confirmations = JobConfirmations(
+            delivery.executor.scheduler,
+            confirmed_ttl_s=detection.admission_confirmed_ttl_s,
+            not_found_ttl_s=detection.admission_not_found_ttl_s,
+            lookups_per_s=detection.admission_lookups_per_s,
+            on_outcome=metrics.scheduler_lookup,
+        )
+        metrics.init_scheduler_lookups()
     service_type = SharedDetectionService if source == "both" else DetectionService
     service = service_type(
         factory,
@@ -191,6 +284,7 @@ def build_stack(
         metrics=metrics,
         store=store,
         writer=writer,
+        confirmations=confirmations,
     )
     worker: DetectionWorker | None = None
     poller: PrometheusPoller | None = None
@@ -200,7 +294,8 @@ def build_stack(
             # One line at once when the URL is wrong, as for Kafka above.
             poller.reader.check()
         if use_kafka:
-            worker = DetectionWorker(BatchConsumer.from_settings(kafka), service)
+            consumer = BatchConsumer.from_settings(kafka, authenticator=authenticator)
+            worker = DetectionWorker(consumer, service)
     except Exception:
         # Nothing is running yet but these: close them rather than leak threads and sockets.
         if poller is not None:
@@ -233,10 +328,11 @@ def build_stack(
         readiness=readiness,
         api_token=settings.api.token,
         open_access=settings.api.open,
-        protect_reads=settings.api.protect_reads,
+        open_reads=settings.api.open_reads,
         allowed_hosts=settings.api.effective_allowed_hosts(),
         cors_origins=settings.api.cors_origins,
         body_timeout_s=settings.api.body_timeout_s,
+        body_min_rate=settings.api.body_min_rate,
         whatif_roots=settings.whatif.roots or None,
         whatif_workdir=settings.whatif.workdir,
         max_upload_bytes=settings.whatif.max_upload_bytes,
@@ -255,4 +351,5 @@ def build_stack(
         poller=poller,
         writer=writer,
         layout_store=layout_store,
+        confirmations=confirmations,
     )

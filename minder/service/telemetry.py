@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from minder import __version__
 from minder.core.alert import AlertKind
 from minder.core.codec import LayoutCache, layout_cache
+from minder.core.signing import AUTH_REASONS
 
 JOB_LABEL = "job_id"
 """The label that names Minder's job (``job`` belongs to Prometheus' scrape configuration)."""
@@ -52,6 +53,30 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self.refused_jobs = Counter(
+            "minder_refused_jobs_total",
+            "New jobs refused, by reason (name_too_long, too_many_jobs, too_old_for_new_job): "
+            "each job counted once while its refusals go on, again after it was admitted or "
+            "went 15 minutes (idle_job_s) without a refused batch",
+            ["reason"],
+            registry=r,
+        )
+        self.evicted_jobs = Counter(
+            "minder_evicted_jobs_total",
+            "Jobs whose window was dropped at the jobs bound for a new job worth more, by "
+            "reason (one_shot: one machine, a few batches, then silent for a minute; "
+            "for_several_machines: for a job several machines report for; for_confirmed_job: "
+            "for a job the scheduler confirms)",
+            ["reason"],
+            registry=r,
+        )
+        self.scheduler_lookups = Counter(
+            "minder_scheduler_lookups_total",
+            "Admission's questions to the scheduler whether a job runs, by outcome (confirmed, "
+            "not_found, error; dropped: not asked, the queue of questions was full)",
+            ["outcome"],
+            registry=r,
+        )
         self.rejected = Counter(
             "minder_rejected_total",
             "Samples, events and batches a job window refused at its limits, by reason "
@@ -68,6 +93,19 @@ class ServiceMetrics:
             "minder_decode_failures_total",
             "Messages of the metrics topic that could not be decoded, by reason class",
             ["reason"],
+            registry=r,
+        )
+        self.unauthenticated = Counter(
+            "minder_batches_unauthenticated_total",
+            "Messages of the metrics topic whose signature did not hold, by reason (unsigned, "
+            "malformed_signature, unknown_key, bad_signature, misattributed, replayed, "
+            "outside_window) and what was done (dead_lettered; accepted in permissive mode)",
+            ["reason", "action"],
+            registry=r,
+        )
+        self.batches_verified = Counter(
+            "minder_batches_verified_total",
+            "Batches whose signature held (their node's key, a new sequence number)",
             registry=r,
         )
         self.dead_letters = Counter(
@@ -233,11 +271,16 @@ class ServiceMetrics:
         for outcome in ("ok", "error"):
             self.state_writes.labels(outcome=outcome)
         for kind in AlertKind:
-            self.alerts.labels(kind=kind.value)
+            if kind is not AlertKind.SUSPICIOUS_SOURCE:  # raised by the actions, counted there
+                self.alerts.labels(kind=kind.value)
         for change in ("joined", "left", "left_together", "quiet"):
             self.membership_changes.labels(change=change)
         for reason in ("future_timestamp", "name_too_long", "too_many_jobs", "too_old_for_new_job"):
             self.batches_rejected.labels(reason=reason)
+        for reason in ("name_too_long", "too_many_jobs", "too_old_for_new_job"):
+            self.refused_jobs.labels(reason=reason)
+        for reason in ("one_shot", "for_several_machines", "for_confirmed_job"):
+            self.evicted_jobs.labels(reason=reason)
         for reason in (
             "name_too_long",
             "too_many_machines",
@@ -258,8 +301,24 @@ class ServiceMetrics:
     def init_reasons(self, reasons: tuple[str, ...]) -> None:
         """Export every decode-failure and dead-letter reason class from the start (at 0)."""
         for reason in reasons:
-            self.decode_failures.labels(reason=reason)
+            if reason not in AUTH_REASONS:  # signature failures: minder_batches_unauthenticated
+                self.decode_failures.labels(reason=reason)
             self.dead_letters.labels(reason=reason)
+
+    def init_scheduler_lookups(self) -> None:
+        """Export every outcome of admission's scheduler lookups from the start (at 0): only
+        when a scheduler is configured."""
+        for outcome in ("confirmed", "not_found", "error", "dropped"):
+            self.scheduler_lookups.labels(outcome=outcome)
+
+    def scheduler_lookup(self, outcome: str) -> None:
+        """Count one outcome of a scheduler lookup (called by the lookup thread)."""
+        self.scheduler_lookups.labels(outcome=outcome).inc()
+
+    def init_auth(self, action: str) -> None:
+        """Export every signature failure reason from the start (at 0)."""
+        for reason in AUTH_REASONS:
+            self.unauthenticated.labels(reason=reason, action=action)
 
     def forget_job(self, job: str) -> None:
         """Remove a retired job's own gauges (its per-machine top-k series are the engine's)."""

@@ -38,6 +38,10 @@ class ActionOutcomeKind(StrEnum):
     """The job opted out of actions."""
     SKIPPED_BREAKER = "skipped_breaker"
     """The circuit breaker is open."""
+    SKIPPED_NOT_IN_JOB = "skipped_not_in_job"
+    """The scheduler says the node does not run the alert's job (or knows no such running job):
+    a forged or misrouted report. Nothing is done, a ``suspicious_source`` alert is raised, and
+    the breaker's budget is not spent."""
 
 
 ACTED = (
@@ -46,7 +50,8 @@ ACTED = (
     ActionOutcomeKind.DRY_RUN,
     ActionOutcomeKind.STARTED,
 )
-"""Outcomes of an apply that count against the circuit breaker's bounds."""
+"""Outcomes of an apply that count against the circuit breaker's bounds: only applies whose node
+the scheduler confirmed runs the alert's job get this far (``skipped_*`` never count)."""
 
 ATTEMPTED = (*ACTED, ActionOutcomeKind.FAILED)
 """Outcomes of an apply after which the node may be out of scheduling: an undo is due."""

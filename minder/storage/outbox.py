@@ -5,7 +5,10 @@ are rows of ``outbox``, one per destination, added by :func:`enqueue` in the sam
 transaction that records the transition. Delivery workers (``minder.delivery``) then
 :func:`claim_due` rows, deliver them and :func:`mark_delivered` or :func:`mark_failed` them. A
 crash between the transition and its delivery loses nothing: the row waits in the database, and
-a restarted service resumes from it. Delivery is at-least-once: a row's ``delivery_id`` stays the
+a restarted service resumes from it. A claimed row is leased to its worker for
+:data:`DEFAULT_LEASE_S`, renewed (:func:`renew_leases`) while the worker is still delivering it,
+so a slow delivery is never sent twice at once and a crashed worker's rows are redelivered
+shortly after its last renewal. Delivery is at-least-once: a row's ``delivery_id`` stays the
 same across attempts and restarts, so receivers de-duplicate on it.
 
 Order: the rows of one alert reach one destination in the order they were written (an undo never
@@ -36,6 +39,10 @@ MAX_ERROR_CHARS = 500
 
 MAX_PAGE = 500
 """Largest ``limit`` :func:`list_deliveries` accepts."""
+
+DEFAULT_LEASE_S = 15.0
+"""How long a claimed row stays a worker's without a heartbeat (:func:`renew_leases`): after a
+crash mid-delivery, another worker redelivers it this long after the last renewal."""
 
 
 class DeliveryStatus(StrEnum):
@@ -268,15 +275,16 @@ def claim_due(
     now: float,
     owner: str,
     limit: int = 50,
-    lease_s: float = 60.0,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> list[Delivery]:
     """Lease up to ``limit`` due rows of ``destination`` to ``owner``, oldest first.
 
     A row is due when pending, past ``next_attempt_at`` and not leased; of one alert's rows only
     the oldest pending one can be due, so an alert's events reach a destination in order. Rows
     past their time to live are expired here, never sent late. The lease ends at
-    :func:`mark_delivered` / :func:`mark_failed` / :func:`release`, or after ``lease_s`` if the
-    worker died; a worker whose lease ran out no longer owns the row (the marks check it).
+    :func:`mark_delivered` / :func:`mark_failed` / :func:`release`, or ``lease_s`` after its last
+    :func:`renew_leases` if the worker died; a worker whose lease ran out and whose row another
+    worker claimed no longer owns the row (the marks check it).
     """
     session.execute(
         update(OutboxRow)
@@ -318,6 +326,27 @@ def claim_due(
         row.lease_owner = owner
     session.flush()
     return [_record(row) for row in claimed]
+
+
+def renew_leases(session: Session, row_ids: Sequence[int], *, owner: str, until: float) -> int:
+    """Extend ``owner``'s leases of ``row_ids`` to ``until`` (a worker's heartbeat while it
+    sends them); returns how many it still held.
+
+    A row already marked, or claimed by another worker after this one's lease ran out, is left
+    alone, so a count below ``len(row_ids)`` means the worker lost rows it had not finished.
+    """
+    if not row_ids:
+        return 0
+    result = session.execute(
+        update(OutboxRow)
+        .where(
+            OutboxRow.id.in_(list(row_ids)),
+            OutboxRow.lease_owner == owner,
+            OutboxRow.status == DeliveryStatus.PENDING.value,
+        )
+        .values(lease_until=until)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def _owned(session: Session, row_id: int, owner: str | None) -> OutboxRow | None:

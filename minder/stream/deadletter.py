@@ -2,11 +2,15 @@
 
 A dead letter is the original message (same key, same payload, original headers kept) plus
 ``minder-*`` headers naming the reason and where it came from, so an operator can inspect it,
-fix the producer, and feed the payload back if it is worth it.
+fix the producer, and feed the payload back if it is worth it. A payload too big for the
+dead-letter producer is kept truncated (its first 64 KiB); the ``minder-payload-sha256`` and
+``minder-payload-bytes`` headers always describe the whole original payload, so a truncated
+dead letter still identifies the message it came from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -21,6 +25,7 @@ from kafka.structs import TopicPartition
 
 from minder.core.errors import BrokerError, DecodeError
 from minder.core.records import DEADLETTER_TOPIC
+from minder.core.signing import AUTH_REASONS, AuthError
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
@@ -31,6 +36,10 @@ SOURCE_TOPIC_HEADER = "minder-source-topic"
 SOURCE_PARTITION_HEADER = "minder-source-partition"
 SOURCE_OFFSET_HEADER = "minder-source-offset"
 SOURCE_TIMESTAMP_HEADER = "minder-source-timestamp"
+PAYLOAD_SHA256_HEADER = "minder-payload-sha256"
+"""SHA-256 (hex) of the whole original payload, whether or not the dead letter keeps all of it."""
+PAYLOAD_BYTES_HEADER = "minder-payload-bytes"
+"""Size of the whole original payload in bytes (more than the dead letter's when truncated)."""
 _MAX_REASON_BYTES = 4096
 
 DECODER_FAILURE = "decoder_failure"
@@ -64,8 +73,10 @@ REASON_CLASSES: tuple[str, ...] = (
     "invalid",
     DECODER_FAILURE,
     HANDLER_ERROR,
+    *AUTH_REASONS,
 )
-"""Every value :func:`reason_class` returns."""
+"""Every value :func:`reason_class` returns (signature failures included: their classes are
+:data:`~minder.core.signing.AUTH_REASONS`)."""
 
 
 class HandlerError(Exception):
@@ -77,6 +88,8 @@ def reason_class(exc: BaseException) -> str:
     """A short, bounded name for why decoding failed (one of :data:`REASON_CLASSES`)."""
     if isinstance(exc, HandlerError):
         return HANDLER_ERROR
+    if isinstance(exc, AuthError):
+        return exc.reason.value
     if not isinstance(exc, DecodeError):
         return DECODER_FAILURE
     for pattern, name in _REASON_PATTERNS:
@@ -89,7 +102,7 @@ def describe_failure(exc: BaseException) -> str:
     """The reason text stored in the ``minder-reason`` header."""
     if isinstance(exc, DecodeError):
         return exc.reason
-    if isinstance(exc, HandlerError):
+    if isinstance(exc, HandlerError | AuthError):
         return str(exc)
     return f"decoder raised {type(exc).__name__}: {exc}"
 
@@ -103,8 +116,14 @@ def dead_letter_headers(
     partition: int,
     offset: int,
     timestamp_ms: int | None,
+    payload: bytes | None = None,
 ) -> list[tuple[str, bytes]]:
-    """The headers of a dead letter: the original ones, then Minder's."""
+    """The headers of a dead letter: the original ones, then Minder's.
+
+    ``payload``, the whole original payload (``None`` for an absent one: empty), gives the
+    ``minder-payload-sha256`` and ``minder-payload-bytes`` headers.
+    """
+    whole = payload or b""
     headers = list(original or [])
     headers += [
         (REASON_HEADER, reason.encode("utf-8", errors="replace")[:_MAX_REASON_BYTES]),
@@ -112,6 +131,8 @@ def dead_letter_headers(
         (SOURCE_TOPIC_HEADER, topic.encode()),
         (SOURCE_PARTITION_HEADER, str(partition).encode()),
         (SOURCE_OFFSET_HEADER, str(offset).encode()),
+        (PAYLOAD_SHA256_HEADER, hashlib.sha256(whole).hexdigest().encode()),
+        (PAYLOAD_BYTES_HEADER, str(len(whole)).encode()),
     ]
     if timestamp_ms is not None:
         headers.append((SOURCE_TIMESTAMP_HEADER, str(timestamp_ms).encode()))
@@ -134,6 +155,9 @@ class DeadLetter:
         Its own offset in the dead-letter topic (per partition).
     headers
         Every header, the original ones included.
+    payload_sha256, payload_bytes
+        SHA-256 (hex) and size of the whole original payload; ``None`` for a dead letter
+        written before these headers existed.
     """
 
     key: bytes | None
@@ -146,6 +170,13 @@ class DeadLetter:
     partition: int
     offset: int
     headers: tuple[tuple[str, bytes], ...]
+    payload_sha256: str | None = None
+    payload_bytes: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """True when ``payload`` is only the start of the original one (too big to keep)."""
+        return self.payload_bytes is not None and self.payload_bytes > len(self.payload)
 
     @property
     def job(self) -> str:
@@ -254,4 +285,6 @@ def _to_dead_letter(record: ConsumerRecord) -> DeadLetter:
         partition=record.partition,
         offset=record.offset,
         headers=headers,
+        payload_sha256=_header(headers, PAYLOAD_SHA256_HEADER) or None,
+        payload_bytes=size if (size := _int_header(headers, PAYLOAD_BYTES_HEADER)) >= 0 else None,
     )

@@ -30,6 +30,7 @@ from minder.core.alert import Alert
 from minder.core.encode import BatchEncoder
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
+from minder.core.signing import FleetSigner
 from minder.core.wire import AGENT_FORMAT, WireFormat
 from minder.stream.security import connection_config
 
@@ -319,6 +320,11 @@ class BatchProducer(_Publisher):
     client_options
         Connection settings every client shares (security protocol, TLS, SASL):
         :meth:`minder.config.KafkaSettings.client_options`.
+    signer
+        Signs each batch with its node's key (``minder-sig`` header), as each node's agent
+        would: the simulator's and the demo's producers hold the cluster key
+        (docs/security.md). None sends unsigned batches, which a service in the default
+        ``required`` mode dead-letters.
     """
 
     def __init__(
@@ -337,6 +343,7 @@ class BatchProducer(_Publisher):
         bootstrap_timeout_ms: int = 10_000,
         extra_config: Mapping[str, Any] | None = None,
         client_options: Mapping[str, Any] | None = None,
+        signer: FleetSigner | None = None,
     ) -> None:
         super().__init__(
             bootstrap,
@@ -354,6 +361,7 @@ class BatchProducer(_Publisher):
         )
         self.fmt = WireFormat(fmt)
         self.encoder = BatchEncoder(self.fmt)
+        self.signer = signer
         self._encode_lock = threading.Lock()  # the encoder remembers what each node announced
 
     @classmethod
@@ -377,8 +385,11 @@ class BatchProducer(_Publisher):
         """
         with self._encode_lock:
             value = self.encoder.encode(batch)
+        # Signed as each node's agent would (a resend keeps its signature: the service takes a
+        # duplicate for a replay and dead-letters it, counted).
+        headers = None if self.signer is None else [self.signer.header(batch.node, value)]
         try:
-            self._produce(batch.job, value)
+            self._produce(batch.job, value, headers)
         except BrokerError:
             with self._encode_lock:  # the lost batch may have carried a layout: announce again
                 self.encoder.forget()
@@ -406,6 +417,7 @@ class JsonPublisher(_Publisher):
         bootstrap_timeout_ms: int = 10_000,
         extra_config: Mapping[str, Any] | None = None,
         client_options: Mapping[str, Any] | None = None,
+        signer: FleetSigner | None = None,
     ) -> None:
         super().__init__(
             bootstrap,

@@ -53,6 +53,7 @@ from dashboards.queries import (
     variable_selector,
 )
 from minder.core.records import METRICS_TOPIC, NodeBatch
+from minder.core.signing import FleetSigner, init_cluster_keys, load_cluster_keys, write_node_keys
 from minder.stream import BatchProducer, EmbeddedBroker
 from minder.stream.broker import free_port
 from whatif.synth import SynthJob, synthesize
@@ -461,12 +462,13 @@ def _submit_whatif(api: str, directory: Path) -> str:
 
 
 def _whatif_done(api: str, report_id: str) -> bool:
-    body = httpx.get(f"{api}/whatif/{report_id}", timeout=10).json()
+    auth = {"Authorization": f"Bearer {TOKEN}"}  # reads need the token too
+    body = httpx.get(f"{api}/whatif/{report_id}", headers=auth, timeout=10).json()
     assert body["status"] != "failed", body
     return bool(body["status"] == "done")
 
 
-def _send_batch_from_the_future(bootstrap: str) -> None:
+def _send_batch_from_the_future(bootstrap: str, keys_file: Path) -> None:
     """A node whose clock is an hour ahead: the service refuses its batch (future_timestamp)."""
     batch = NodeBatch(
         job=SIM_JOB,
@@ -474,7 +476,8 @@ def _send_batch_from_the_future(bootstrap: str) -> None:
         ts=time.time() + 3600,
         samples=[("gpu_util_ratio", "gpu0", 0.5)],
     )
-    with BatchProducer(bootstrap, topic=METRICS_TOPIC) as producer:
+    signer = FleetSigner(load_cluster_keys(keys_file)[-1])  # signed: a real node's clock
+    with BatchProducer(bootstrap, topic=METRICS_TOPIC, signer=signer) as producer:
         producer.send(batch)
         producer.flush()
 
@@ -493,11 +496,16 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
         try:
             broker = stack.enter_context(EmbeddedBroker(port=free_port()))
             dcgm = stack.enter_context(dcgm_exporters())
+            # Every node signs (the service requires it): the agents with their node keys, the
+            # simulator with the cluster key (MINDER_AUTH__KEYS_FILE).
+            keys_file = tmp_path / "cluster.keys"
+            write_node_keys(init_cluster_keys(keys_file, "live"), NODES, tmp_path / "node-keys")
             env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
             env.update(
                 {
                     "MINDER_KAFKA__BOOTSTRAP": broker.bootstrap,
                     "MINDER_KAFKA__PARTITIONS": "2",
+                    "MINDER_AUTH__KEYS_FILE": str(keys_file),
                     "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'minder.db'}",
                     "MINDER_ACTIONS__TARGET": "slurm",
                     "MINDER_ACTIONS__SCONTROL": "/bin/false",
@@ -529,6 +537,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
                     "--probe-address": "off",
                     "--sysfs-root": str(sysfs / "sys"),
                     "--dcgm-url": f"{dcgm}/{node}/metrics",
+                    "--signing-key": str(tmp_path / "node-keys" / f"{node}.key"),
                 }
                 args = ["agent", "--no-nvml", *(x for pair in options.items() for x in pair)]
                 processes.append(_start(stack, node, args, env, logs))
@@ -548,7 +557,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
             )
             api = f"http://127.0.0.1:{api_port}/api/v1"
             report_id = _submit_whatif(api, tmp_path)
-            _send_batch_from_the_future(broker.bootstrap)
+            _send_batch_from_the_future(broker.bootstrap, keys_file)
             _wait_for("the what-if report", lambda: _whatif_done(api, report_id), deadline, service)
             for what, expr in READY.items():
                 present = functools.partial(_has_series, prometheus, expr)

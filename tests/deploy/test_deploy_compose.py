@@ -88,9 +88,14 @@ def test_start_order(services: dict[str, dict[str, Any]]) -> None:
         assert isinstance(depends, dict), f"{name}: depends_on needs conditions"
         return {dep: spec["condition"] for dep, spec in depends.items()}
 
-    assert conditions("minder") == {"kafka": "service_healthy", "postgres": "service_healthy"}
+    made = "service_completed_successfully"  # the signing keys, made first
+    assert conditions("minder") == {
+        "keys": made,
+        "kafka": "service_healthy",
+        "postgres": "service_healthy",
+    }
     assert conditions("simulator") == {"kafka": "service_healthy", "minder": "service_healthy"}
-    assert conditions("agent")["kafka"] == "service_healthy"
+    assert conditions("agent") == {"keys": made, "kafka": "service_healthy"}
     assert conditions("grafana")["prometheus"] == "service_healthy"
     assert "minder" in conditions("prometheus")
 
@@ -147,8 +152,33 @@ def test_minder_service_settings(services: dict[str, dict[str, Any]]) -> None:
 
 def test_simulator_publishes_the_demo_job(services: dict[str, dict[str, Any]]) -> None:
     simulator = services["simulator"]
-    assert _command(simulator) == ["simulate", "demo", "--kafka", "kafka:9092", "--realtime"]
+    assert _command(simulator) == [
+        "simulate",
+        "demo",
+        "--kafka",
+        "kafka:9092",
+        "--realtime",
+        "--keys-file",
+        "/etc/minder/keys/cluster.keys",
+    ]
     assert simulator.get("restart", "no") == "no"
+
+
+def test_every_batch_is_signed_with_keys_made_once(services: dict[str, dict[str, Any]]) -> None:
+    keys = services["keys"]
+    script = " ".join(keys["entrypoint"])
+    assert "minder keys init /etc/minder/keys/cluster.keys" in script
+    assert "test -f /etc/minder/keys/cluster.keys" in script  # a restart keeps the keys
+    assert "--node compose-agent" in script
+    assert keys.get("restart") == "no"
+    keyfile = _environment(services["minder"])["MINDER_AUTH__KEYS_FILE"]
+    assert keyfile == "/etc/minder/keys/cluster.keys"
+    agent = _command(services["agent"])
+    assert _option(agent, "--signing-key") == "/etc/minder/keys/nodes/compose-agent.key"
+    assert _option(agent, "--node") == "compose-agent"
+    for name in ("minder", "simulator", "agent"):
+        assert "minder-keys:/etc/minder/keys:ro" in services[name]["volumes"], name
+    assert "minder-keys:/etc/minder/keys" in keys["volumes"]
 
 
 def test_agent_serves_metrics_for_prometheus(services: dict[str, dict[str, Any]]) -> None:

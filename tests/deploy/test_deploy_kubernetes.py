@@ -206,7 +206,12 @@ def test_cluster_role_is_least_privilege() -> None:
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert expected == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch")}
+    assert expected == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+        ("", "pods", "list"),
+    }
     assert granted == expected
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames/nonResourceURLs"

@@ -185,6 +185,18 @@ def test_serve_unit() -> None:
     assert service["EnvironmentFile"] == ["/etc/minder/minder-serve.env"]
 
 
+def test_serve_unit_gives_the_api_files_for_its_connections() -> None:
+    """The API bounds its connections below the soft open-file limit: the unit raises it above
+    systemd's 1,024 (and `minder serve` exits non-zero when its API stops: Restart= acts)."""
+    from minder.api.server import MAX_CONNECTIONS_CAP, resolve_max_connections
+
+    service = unit("minder-serve.service")["Service"]
+    limit = int(one(service, "LimitNOFILE"))
+    assert limit >= 8192
+    assert resolve_max_connections(None, limit) == MAX_CONNECTIONS_CAP
+    assert one(service, "Restart") == "on-failure"
+
+
 @pytest.mark.parametrize(
     ("unit_name", "env_name"),
     [("minder-agent.service", "minder-agent.env"), ("minder-serve.service", "minder-serve.env")],

@@ -40,14 +40,15 @@ def figures(request: pytest.FixtureRequest) -> Figures:
 
 @pytest.fixture
 def make_service(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Callable[..., FaultService]]:
-    """``make_service(**sections)``: a started service, its settings' sections overridden
-    (``detection={...}``, ``api={...}``); stopped after the test."""
+    """``make_service(actuator=None, **sections)``: a started service, its settings' sections
+    overridden (``detection={...}``, ``api={...}``), its scheduler target replaced by
+    ``actuator`` when given; stopped after the test."""
     made: list[FaultService] = []
 
-    def make(**sections: dict[str, Any]) -> FaultService:
+    def make(actuator: object | None = None, **sections: dict[str, Any]) -> FaultService:
         directory = tmp_path / f"service-{len(made)}"
         directory.mkdir()
-        service = FaultService(broker, directory, **sections)
+        service = FaultService(broker, directory, actuator, **sections)
         made.append(service)
         return service.start()
 

@@ -37,6 +37,7 @@ from minder.core.alert import Alert
 from minder.core.codec import encode_batch
 from minder.core.errors import BrokerError
 from minder.core.records import NodeBatch
+from minder.core.signing import ClusterKey, FleetSigner, format_cluster_keys, write_secret_file
 from minder.service.stack import Stack, build_stack
 
 with warnings.catch_warnings():
@@ -141,7 +142,13 @@ class Healthy:
 class FaultService:
     """The service under test, its topics and the healthy job's feed."""
 
-    def __init__(self, broker: EmbeddedBroker, tmp_path: Path, **sections: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        broker: EmbeddedBroker,
+        tmp_path: Path,
+        actuator: object | None = None,
+        **sections: dict[str, Any],
+    ) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.broker = broker
         self.topic = f"faults-metrics-{suffix}"
@@ -161,11 +168,18 @@ class FaultService:
             },
             "database": {"url": f"sqlite:///{tmp_path / 'minder.db'}"},
             "api": {"port": free_port()},
+            # Batches are signed as the agents sign them (the default mode requires it).
+            "auth": {"keys_file": str(tmp_path / "cluster.keys")},
         }
         for name, values in sections.items():
             tree[name] = {**tree.get(name, {}), **values}
+        self.cluster_key = ClusterKey.generate("faults")
+        write_secret_file(tmp_path / "cluster.keys", format_cluster_keys([self.cluster_key]))
+        self.signer = FleetSigner(self.cluster_key)
         self.settings = Settings.model_validate(tree)
-        self.stack: Stack = build_stack(self.settings, registry=CollectorRegistry())
+        self.stack: Stack = build_stack(
+            self.settings, registry=CollectorRegistry(), actuator=actuator
+        )
         self.producer = KafkaProducer(
             bootstrap_servers=broker.bootstrap,
             enable_idempotence=False,  # Tansu refuses idempotent produce requests
@@ -199,11 +213,23 @@ class FaultService:
     # -- input --------------------------------------------------------------------------------
 
     def send(self, batches: list[NodeBatch], partition: int | None = None) -> None:
+        """Send ``batches`` signed, each with its node's key (as its agent would)."""
         for batch in batches:
-            self.send_raw(encode_batch(batch), batch.job[:1024].encode(), partition)
+            payload = encode_batch(batch)
+            signature = self.signer.header(batch.node, payload) if len(batch.node) <= 256 else None
+            headers = None if signature is None else [signature]
+            self.send_raw(payload, batch.job[:1024].encode(), partition, headers)
 
-    def send_raw(self, payload: bytes, key: bytes, partition: int | None = None) -> None:
-        future = self.producer.send(self.topic, value=payload, key=key, partition=partition)
+    def send_raw(
+        self,
+        payload: bytes,
+        key: bytes,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        future = self.producer.send(
+            self.topic, value=payload, key=key, partition=partition, headers=headers
+        )
         self._sent.append(future)
 
     def flush(self) -> None:

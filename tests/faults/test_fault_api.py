@@ -1,6 +1,7 @@
-"""The API of a running service, secure by default: changes need a token, foreign origins and
-Host names are refused, a stalled or truncated body is answered, errors keep server paths to
-themselves; the agent's ``/metrics`` listens on loopback."""
+"""The API of a running service, secure by default: changes need a token, reads need it too
+or come from this machine, foreign origins and Host names are refused, a stalled or truncated
+body is answered, errors keep server paths to themselves; the agent's ``/metrics`` listens on
+loopback."""
 
 from __future__ import annotations
 
@@ -74,6 +75,45 @@ def test_with_the_default_settings_changes_foreign_origins_and_hosts_are_refused
     assert answers["rebound Host"].status_code == 400
     assert stored_alert_status() == "open"
     assert httpx.get(f"{api}/whatif", timeout=10).json()["total"] == 0
+
+
+def own_address() -> str | None:
+    """This machine's address on its default route (not loopback), ``None`` without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks the route
+        except OSError:
+            return None
+        address: str = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_without_a_token_only_this_machine_reads_and_probes_stay_open(
+    make_service: Any, figures: Figures
+) -> None:
+    address = own_address()
+    if address is None:
+        pytest.skip("no network address other than loopback")
+    service: FaultService = make_service(api={"host": "0.0.0.0"})
+    port = service.settings.api.port
+    remote = f"http://{address}:{port}"
+    refused = httpx.get(f"{remote}/api/v1/alerts", timeout=10)
+    figures.record("read from another address without a token: status", refused.status_code, "HTTP")
+    assert refused.status_code == 403, refused.text
+    assert "MINDER_API__OPEN_READS=true" in refused.json()["detail"]
+    assert httpx.get(f"http://127.0.0.1:{port}/api/v1/alerts", timeout=10).status_code == 200
+    for path in ("/health", "/metrics"):
+        assert httpx.get(f"{remote}{path}", timeout=10).status_code == 200, path
+    assert httpx.get(f"{remote}/ready", timeout=10).status_code in (200, 503)
+
+
+def test_with_a_token_every_read_needs_it(guarded: tuple[FaultService, Path]) -> None:
+    service, _ = guarded
+    api = f"{service.api}/api/v1"
+    for path in ("alerts", "jobs", "deliveries", "actions", "breaker", "whatif"):
+        assert httpx.get(f"{api}/{path}", timeout=10).status_code == 401, path
+        assert httpx.get(f"{api}/{path}", headers=AUTH, timeout=10).status_code == 200, path
+    assert httpx.get(f"{service.api}/health", timeout=10).status_code == 200
 
 
 def stalled_answer(port: int, head: bytes, partial: bytes, wait_s: float) -> tuple[float, bytes]:
@@ -157,7 +197,7 @@ def test_errors_name_no_path_outside_the_roots(
     report = f"{api}/whatif/{submitted.json().get('id')}"
 
     def finished() -> dict[str, Any] | None:
-        found: dict[str, Any] = httpx.get(report, timeout=10).json()
+        found: dict[str, Any] = httpx.get(report, headers=AUTH, timeout=10).json()
         return found if found.get("status") in ("done", "failed") else None
 
     wait_until(finished, 60)

@@ -1,4 +1,5 @@
-"""A small stand-in for the Kubernetes API server's Node endpoints, for testing the actuator.
+"""A small stand-in for the Kubernetes API server's Node (and Pod list) endpoints, for testing
+the actuator.
 
 No API server can run in this environment, so this fake follows the documented API (the
 Kubernetes API reference for ``Node`` v1, "API Concepts", the API conventions, and the apiserver's
@@ -7,6 +8,15 @@ patch handler) for the endpoints that :mod:`minder.actions.kubernetes` calls, se
 
 - ``GET /api/v1/nodes`` (a ``NodeList``; ``labelSelector`` with ``=``, ``==``, ``!=``, ``key``
   and ``!key``), ``GET /api/v1/nodes/{name}`` and ``GET /api/v1/nodes/{name}/status``;
+- ``GET /api/v1/pods`` (every namespace) and ``GET /api/v1/namespaces/{namespace}/pods``: a
+  ``PodList`` filtered by ``labelSelector`` (as above) and ``fieldSelector`` (``=``, ``==``, ``!=``,
+  comma-separated, on the fields the apiserver allows for pods: ``metadata.name``,
+  ``metadata.namespace``, ``spec.nodeName``, ``spec.restartPolicy``, ``spec.schedulerName``,
+  ``spec.serviceAccountName``, ``spec.hostNetwork``, ``status.phase``, ``status.podIP``,
+  ``status.nominatedNodeName``; an absent field reads ``""``, so ``spec.nodeName=`` selects
+  unscheduled pods; any other field is a 400 ``field label not supported: <field>``), and
+  ``GET /api/v1/namespaces/{namespace}/pods/{name}``; pods are added by tests
+  (:meth:`FakeKubeApi.add_pod`), never written through the API;
 - ``PATCH /api/v1/nodes/{name}`` and ``PATCH /api/v1/nodes/{name}/status`` with the three patch
   types of "API Concepts":
 
@@ -59,9 +69,9 @@ each request is handled, to play a concurrent writer. Requests are recorded in
 :attr:`FakeKubeApi.requests`.
 
 Not implemented (a request that needs them gets a 501 naming the gap, and is listed in
-:attr:`FakeKubeApi.unsupported`): create/update/delete of nodes, watch, ``limit``/``continue``,
-``fieldSelector``, server-side apply, ``$retainKeys``, managedFields, admission, and any resource
-but nodes.
+:attr:`FakeKubeApi.unsupported`): create/update/delete of nodes, any write of pods, watch,
+``limit``/``continue``, ``fieldSelector`` on nodes, server-side apply, ``$retainKeys``,
+managedFields, admission, and any resource but nodes and pods.
 """
 
 from __future__ import annotations
@@ -97,6 +107,21 @@ NODE_LIST_STRATEGIES: dict[tuple[str, ...], tuple[str, str | None]] = {
 MUTABLE_METADATA = ("labels", "annotations", "finalizers", "ownerReferences")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 ANNOTATIONS_MAX_BYTES = 256 * 1024
+POD_FIELDS: dict[str, tuple[str, ...]] = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "spec.restartPolicy": ("spec", "restartPolicy"),
+    "spec.schedulerName": ("spec", "schedulerName"),
+    "spec.serviceAccountName": ("spec", "serviceAccountName"),
+    "spec.hostNetwork": ("spec", "hostNetwork"),
+    "status.phase": ("status", "phase"),
+    "status.podIP": ("status", "podIP"),
+    "status.nominatedNodeName": ("status", "nominatedNodeName"),
+}
+"""The field selectors the apiserver accepts for pods (pkg/registry/core/pod ``PodToSelectableFields``
+and the v1 field label conversion), and where each field lives."""
+POD_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 _NAME_RE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS1123_SUBDOMAIN_RE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -110,6 +135,8 @@ ALL_RULES = frozenset(
         ("patch", "nodes"),
         ("get", "nodes/status"),
         ("patch", "nodes/status"),
+        ("get", "pods"),
+        ("list", "pods"),
     }
 )
 """Every (verb, resource) the fake serves: the default token's RBAC."""
@@ -640,6 +667,7 @@ class FakeKubeApi:
     user: str = "system:serviceaccount:minder:minder"
     tokens: dict[str, tuple[str, frozenset[tuple[str, str]]]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
     hooks: list[Callable[[str, str], None]] = field(default_factory=list)
@@ -741,6 +769,46 @@ class FakeKubeApi:
         with self._lock:
             return copy.deepcopy(self.nodes[name])
 
+    def add_pod(
+        self,
+        name: str,
+        *,
+        namespace: str = "default",
+        node: str | None = None,
+        phase: str = "Running",
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Store a pod as the scheduler and the kubelet would have left it: bound to ``node``
+        (``spec.nodeName``; None: not scheduled) in ``phase``."""
+        if phase not in POD_PHASES:
+            raise ValueError(f"pod phase {phase!r}: expected one of {POD_PHASES}")
+        spec: dict[str, Any] = {
+            "containers": [{"name": "main", "image": "trainer:1"}],
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+        }
+        if node is not None:
+            spec["nodeName"] = node
+        pod: dict[str, Any] = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{namespace}/{name}")),
+                "creationTimestamp": _now(),
+                "labels": dict(labels or {}),
+            },
+            "spec": spec,
+            "status": {"phase": phase},
+        }
+        with self._lock:
+            self.revision += 1
+            pod["metadata"]["resourceVersion"] = str(self.revision)
+            self.pods[(namespace, name)] = pod
+        return copy.deepcopy(pod)
+
     def write(self, name: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """A write by someone else (an operator, the kubelet): ``change`` edits the stored node
         in place, and the resourceVersion is bumped."""
@@ -799,6 +867,9 @@ class FakeKubeApi:
 
     def _handle(self, record: Recorded) -> tuple[int, Any, dict[str, str]]:
         user, rules = self._authenticate(record.authorization)
+        pods = re.fullmatch(r"/api/v1/(?:namespaces/([^/]+)/)?pods(?:/([^/]+))?", record.path)
+        if pods is not None:
+            return self._pods(record, user, rules, pods.group(1), pods.group(2))
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(?:/(status))?)?", record.path)
         if match is None:
             raise FakeNotImplementedError(f"the path {record.path}")
@@ -841,6 +912,69 @@ class FakeKubeApi:
             if verb == "get":
                 return 200, copy.deepcopy(self.nodes[name]), {}
             return 200, self._patch(name, subresource == "status", record), {}
+
+    def _pods(
+        self,
+        record: Recorded,
+        user: str,
+        rules: frozenset[tuple[str, str]],
+        namespace: str | None,
+        name: str | None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        if name is not None and namespace is None:
+            raise FakeNotImplementedError(f"the path {record.path}")
+        if record.method != "GET":
+            raise FakeNotImplementedError(f"{record.method} on {record.path}")
+        verb = "get" if name else "list"
+        if (verb, "pods") not in rules:
+            what = f'pods "{name}"' if name else "pods"
+            scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            message = (
+                f'{what} is forbidden: User "{user}" cannot {verb} resource "pods" in API group '
+                f'"" {scope}'
+            )
+            details: dict[str, Any] = {"kind": "pods"}
+            if name:
+                details = {"name": name, "kind": "pods"}
+            raise ApiError(403, status(403, "Forbidden", message, details))
+        for key in ("watch", "limit", "continue", "resourceVersionMatch"):
+            if key in record.query:
+                raise FakeNotImplementedError(f"the {key} query parameter")
+        with self._lock:
+            if name is not None:
+                assert namespace is not None
+                pod = self.pods.get((namespace, name))
+                if pod is None:
+                    raise ApiError(
+                        404,
+                        status(
+                            404,
+                            "NotFound",
+                            f'pods "{name}" not found',
+                            {"name": name, "kind": "pods"},
+                        ),
+                    )
+                return 200, copy.deepcopy(pod), {}
+            labels = record.query.get("labelSelector", [""])[-1]
+            fields = _field_requirements(record.query.get("fieldSelector", [""])[-1])
+            items = [
+                copy.deepcopy(pod)
+                for (ns, _), pod in sorted(self.pods.items())
+                if (namespace is None or ns == namespace)
+                and all(_selects(pod, req) for req in labels.split(",") if req.strip())
+                and all(_field_matches(pod, *req) for req in fields)
+            ]
+            revision = str(self.revision)
+        for item in items:
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        body = {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": revision},
+            "items": items,
+        }
+        return 200, body, {}
 
     def _authenticate(self, authorization: str | None) -> tuple[str, frozenset[tuple[str, str]]]:
         scheme, _, token = (authorization or "").partition(" ")
@@ -957,6 +1091,35 @@ def _selects(node: dict[str, Any], requirement: str) -> bool:
     if re.search(r"\s(in|notin)\s", requirement):
         raise FakeNotImplementedError("set-based label selectors")
     return requirement in labels
+
+
+def _field_requirements(selector: str) -> list[tuple[str, str, bool]]:
+    """``(field, value, equal)`` of a pod field selector; a field the apiserver does not allow
+    for pods is its 400."""
+    requirements = []
+    for part in (p.strip() for p in selector.split(",")):
+        if not part:
+            continue
+        equal = "!=" not in part
+        key, _, value = part.replace("!=", "=").replace("==", "=").partition("=")
+        if key.strip() not in POD_FIELDS:
+            raise bad_request(f"field label not supported: {key.strip()}")
+        requirements.append((key.strip(), value.strip(), equal))
+    return requirements
+
+
+def _field_matches(pod: dict[str, Any], key: str, value: str, equal: bool) -> bool:
+    current: Any = pod
+    for step in POD_FIELDS[key]:
+        current = current.get(step) if isinstance(current, dict) else None
+    text = (
+        ""
+        if current is None
+        else str(current).lower()
+        if isinstance(current, bool)
+        else str(current)
+    )
+    return (text == value) is equal
 
 
 def _now() -> str:

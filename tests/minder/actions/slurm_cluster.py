@@ -46,6 +46,7 @@ _NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 _STATE = re.compile(r"^\s+State=(\S+)", re.MULTILINE)
 _REASON = re.compile(r"^\s+Reason=(.*?)(?: \[[^\[\]]*@[^\[\]]*\])?$", re.MULTILINE)
 _STATE_SUFFIXES = "*~#!%$@^-"
+_JOB_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"})
 
 
 class SlurmClusterError(RuntimeError):
@@ -516,13 +517,18 @@ class SlurmCluster:
             )
         return completed.stdout
 
-    def submit_sleep(self, node: str, seconds: int = 60, timeout_s: float = 30.0) -> str:
-        """Run a ``sleep`` batch job on ``node`` and wait until it runs; return its job id."""
+    def submit_sleep(
+        self, node: str | Sequence[str], seconds: int = 60, timeout_s: float = 30.0
+    ) -> str:
+        """Run a ``sleep`` batch job on ``node`` (or on every one of several nodes) and wait until
+        it runs; return its job id."""
+        nodes = [node] if isinstance(node, str) else list(node)
         job_id = (
             self._client(
                 "sbatch",
                 "--parsable",
-                f"--nodelist={node}",
+                f"--nodelist={','.join(nodes)}",
+                f"--nodes={len(nodes)}",
                 "--output=/dev/null",
                 f"--wrap=sleep {seconds}",
             )
@@ -544,6 +550,19 @@ class SlurmCluster:
     def cancel_jobs(self, node: str) -> None:
         """Cancel every job on ``node``."""
         self._client("scancel", f"--nodelist={node}")
+
+    def cancel_job(self, job_id: str, timeout_s: float = 30.0) -> None:
+        """Cancel job ``job_id`` and wait until it has ended (``CANCELLED``, or forgotten)."""
+        self._client("scancel", job_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            shown = self.scontrol("show", "job", job_id, check=False)
+            state = re.search(r"^\s+JobState=(\S+)", shown.stdout, re.MULTILINE)
+            if shown.returncode != 0 or (state and state.group(1) not in _JOB_ACTIVE):
+                return
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"job {job_id} still active {timeout_s:g} s after scancel")
+            time.sleep(0.2)
 
     def reset(self, node: str, timeout_s: float = 30.0) -> None:
         """Return ``node`` to plain ``IDLE`` whatever was done to it (between tests): cancel its

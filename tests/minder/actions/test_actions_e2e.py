@@ -1,8 +1,12 @@
 """From a fault to a drained node and back, end to end, on real servers.
 
 A simulated job with an injected GPU fault goes through Kafka (Tansu) into the detection service;
-its alert drains the faulty node in a real ``slurmctld`` and shows in a real Alertmanager; marking
-the alert a false positive through the API resumes the node and ends the Alertmanager alert.
+its alert drains the faulty node in a real ``slurmctld`` (where a real job of that id runs on the
+node, as the scheduler's check requires) and shows in a real Alertmanager; marking the alert a
+false positive through the API resumes the node and ends the Alertmanager alert. A fault reported
+for a node outside the job (``demo-n0024``, first) is not acted on: it raises a
+``suspicious_source`` alert, shown by the API and Alertmanager, and does not spend the breaker's
+one machine per hour (2 % of 32 machines).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import httpx
 import pytest
 from alertmanager_server import alertmanager_server
 from prometheus_client import CollectorRegistry
+from service_settings import cluster_keys
 
 from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
 from minder.config import Settings
+from minder.core.signing import FleetSigner, load_cluster_keys
 from minder.service.stack import build_stack
 from minder.stream import BatchProducer, EmbeddedBroker
 from minder.stream.broker import free_port
@@ -33,17 +39,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "delivery"))
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 FAULTY = "demo-n0023"
+OUTSIDE = "demo-n0024"
+"""A node of the cluster that does not run the job: its reports claim a job it is not in."""
 
 
-def _scenario() -> Scenario:
+def _scenario(job_id: str) -> Scenario:
+    """The simulated job under the id of a real Slurm job, its machines named as the cluster's
+    nodes (``demo-n0023``)."""
     return Scenario.model_validate(
         {
             "seed": 7,
             "duration_s": 60,
             "jobs": [
-                {"name": "demo", "machines": 32, "machines_per_domain": 8, "step_time_s": 3.0}
+                {
+                    "name": job_id,
+                    "machine_prefix": "demo-n",
+                    "machines": 32,
+                    "machines_per_domain": 8,
+                    "step_time_s": 3.0,
+                }
             ],
-            "faults": [{"type": "gpu_xid", "machine": 23, "device": "gpu5", "start_s": 20}],
+            "faults": [
+                {"type": "gpu_xid", "machine": 24, "device": "gpu1", "start_s": 10},
+                {"type": "gpu_xid", "machine": 23, "device": "gpu5", "start_s": 20},
+            ],
         }
     )
 
@@ -68,6 +87,8 @@ def broker() -> Iterator[EmbeddedBroker]:
 def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
     slurm_cluster: Any, broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
+    # the job the agents' SLURM_JOB_ID names, running on the faulty node
+    job_id = slurm_cluster.submit_sleep(FAULTY, seconds=600)
     with alertmanager_server(tmp_path / "am") as am:
         settings = Settings()
         suffix = uuid.uuid4().hex[:8]
@@ -85,12 +106,16 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
         settings.actions.enforce = True
         settings.actions.scontrol = slurm_cluster.scontrol_path
         settings.actions.slurm_conf = slurm_cluster.conf_path
+        settings.auth.keys_file = cluster_keys()  # batches are signed, as the agents sign them
+        signer = FleetSigner(load_cluster_keys(settings.auth.keys_file)[-1])
         stack = build_stack(settings, registry=CollectorRegistry())
         stack.start()
         try:
-            scenario = _scenario()
+            scenario = _scenario(job_id)
             start = time.time() - scenario.duration_s
-            with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+            with BatchProducer(
+                broker.bootstrap, topic=settings.kafka.metrics_topic, signer=signer
+            ) as producer:
                 for _, batches in iter_batches(scenario, start_ts=start):
                     for batch in batches:
                         producer.send(batch)
@@ -102,10 +127,38 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
 
             _, reason = _wait_for(drained, 60, f"{FAULTY} drained")
             [alert] = [a for a in stack.service.alerts if a.machine == FAULTY]
+            assert alert.job == job_id
             assert reason.startswith(f"minder:{alert.id}") and "gpu_xid_count" in reason
-            # only the faulty node, no healthy one
-            for node in ("demo-n0024", "demo-n0025"):
+            # only the faulty node of the job, no other
+            for node in (OUTSIDE, "demo-n0025"):
                 assert "DRAIN" not in slurm_cluster.node_state(node)[0]
+
+            # the report from outside the job: a suspicious_source alert instead of a drain
+            operator = {"authorization": "Bearer operator-token"}  # reads need it too
+            api = f"{stack.api_url}/api/v1"
+            [claimed] = [a for a in stack.service.alerts if a.machine == OUTSIDE]
+
+            def suspicious() -> list[dict[str, Any]]:
+                page = httpx.get(
+                    f"{api}/alerts", params={"kind": "suspicious_source"}, headers=operator
+                ).json()
+                return list(page["items"])
+
+            [raised] = _wait_for(suspicious, 30, "the suspicious_source alert")
+            assert (raised["machine"], raised["job"]) == (OUTSIDE, job_id)
+            assert raised["evidence"]["original_alert_id"] == claimed.id
+            assert raised["evidence"]["reason"].startswith(
+                f"node {OUTSIDE} is not running job {job_id} per slurm"
+            )
+            skipped = httpx.get(
+                f"{api}/actions", params={"alert_id": claimed.id}, headers=operator
+            ).json()["items"]
+            assert [(e["operation"], e["outcome"]) for e in skipped] == [
+                ("drain", "skipped_not_in_job")
+            ]
+            assert "DRAIN" not in slurm_cluster.node_state(OUTSIDE)[0]
+            breaker = httpx.get(f"{api}/breaker", headers=operator)
+            assert breaker.status_code == 200 and breaker.json()["tripped"] is False
 
             def in_alertmanager() -> list[dict[str, Any]]:
                 return [a for a in am.alerts(active="true") if a["labels"].get("machine") == FAULTY]
@@ -115,30 +168,44 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
             assert shown["labels"]["alertname"] == "MinderRule"
             assert shown["annotations"]["minder_url"].endswith(f"/api/v1/alerts/{alert.id}")
 
-            api = f"{stack.api_url}/api/v1"
+            def suspicious_in_alertmanager() -> list[dict[str, Any]]:
+                return [
+                    a
+                    for a in am.alerts(active="true")
+                    if a["labels"].get("alertname") == "MinderSuspiciousSource"
+                ]
+
+            [flagged] = _wait_for(suspicious_in_alertmanager, 30, "MinderSuspiciousSource")
+            assert flagged["labels"]["machine"] == OUTSIDE
+            assert flagged["labels"]["alert_id"] == raised["id"]
+
             refused = httpx.patch(f"{api}/alerts/{alert.id}", json={"status": "false_positive"})
             assert refused.status_code == 401
             changed = httpx.patch(
                 f"{api}/alerts/{alert.id}",
                 json={"status": "false_positive", "by": "ops"},
-                headers={"authorization": "Bearer operator-token"},
+                headers=operator,
             )
             assert changed.status_code == 200, changed.text
 
             def resumed() -> bool:
                 flags, _ = slurm_cluster.node_state(FAULTY)
-                return "DRAIN" not in flags and "IDLE" in flags
+                return "DRAIN" not in flags and "ALLOCATED" in flags  # the job runs on
 
             _wait_for(resumed, 60, f"{FAULTY} resumed")
             _wait_for(lambda: not in_alertmanager(), 30, "the alert to end in Alertmanager")
 
-            audit = httpx.get(f"{api}/actions", params={"alert_id": alert.id}).json()["items"]
+            audit = httpx.get(
+                f"{api}/actions", params={"alert_id": alert.id}, headers=operator
+            ).json()["items"]
             assert [(e["operation"], e["outcome"], e["mode"]) for e in reversed(audit)] == [
                 ("drain", "started", "enforce"),
                 ("drain", "applied", "enforce"),
                 ("resume", "applied", "enforce"),
             ]
-            deliveries = httpx.get(f"{api}/deliveries", params={"alert_id": alert.id}).json()
+            deliveries = httpx.get(
+                f"{api}/deliveries", params={"alert_id": alert.id}, headers=operator
+            ).json()
             by_destination = {(d["destination"], d["event"]): d["status"]
                               for d in deliveries["items"]}  # fmt: skip
             assert by_destination[("action:slurm", "alert.opened")] == "delivered"

@@ -1,7 +1,9 @@
-"""Policy, dry run, holds, opt-out, undo, audit and the circuit breaker in front of the scheduler.
+"""Policy, dry run, holds, opt-out, the scheduler's check, undo, audit and the circuit breaker in
+front of the scheduler.
 
-The scheduler here is a recording actuator (the real Slurm and Kubernetes ones have their own
-tests against a real slurmctld and a fake API server): what matters is which calls reach it.
+The scheduler here is a recording actuator that knows which nodes each job runs on (the real
+Slurm and Kubernetes ones have their own tests against a real slurmctld and a fake API server):
+what matters is which calls reach it.
 """
 
 from __future__ import annotations
@@ -14,14 +16,21 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from minder.actions.base import ActionError, ActionOutcome
+from minder.actions.base import ActionError, ActionOutcome, SchedulerView
 from minder.actions.executor import BREAKER, ActionExecutor, ActionMetrics
 from minder.actions.policy import ActionPolicy
 from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.core.errors import ValidationError
 from minder.delivery.worker import Backoff, DeliveryWorker
 from minder.storage import SessionFactory, create_engine_for, session_factory, upgrade_database
-from minder.storage.actions import get_breaker, list_audit, reset_breaker, set_actions_enabled
+from minder.storage.actions import (
+    get_breaker,
+    list_audit,
+    machines_acted_on,
+    reset_breaker,
+    set_actions_enabled,
+)
+from minder.storage.alerts import get_alert_record, list_alerts
 from minder.storage.jobs import upsert_job_machines
 from minder.storage.outbox import (
     AlertEvent,
@@ -36,14 +45,31 @@ FAST = Backoff(base_s=0.01, cap_s=0.05, floor_s=0.01)
 NOTIFY = Destination("webhook:ops", frozenset(e.value for e in AlertEvent))
 
 
+def _fleet() -> dict[str, frozenset[str]]:
+    """The running jobs of the ``sessions`` fixture's fleet: j and k, 100 nodes each."""
+    return {job: frozenset(f"{job}-n{i:04d}" for i in range(100)) for job in ("j", "k")}
+
+
 @dataclass
 class Recording:
-    """Records applies and undos; ``fail`` raises that error on the next call."""
+    """Records applies and undos; ``fail`` raises that error on the next call. As the scheduler's
+    view, ``jobs`` are the running jobs and their nodes; ``unreachable`` raises that error on the
+    next check."""
 
     name: str = "slurm"
     applied: list[tuple[str, str]] = field(default_factory=list)
     undone: list[tuple[str, str]] = field(default_factory=list)
     fail: ActionError | None = None
+    jobs: dict[str, frozenset[str]] = field(default_factory=_fleet)
+    checked: list[str] = field(default_factory=list)
+    unreachable: ActionError | None = None
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        self.checked.append(job_id)
+        if self.unreachable is not None:
+            error, self.unreachable = self.unreachable, None
+            raise error
+        return self.jobs.get(job_id)
 
     def apply(self, node: str, *, alert_id: str, reason: str) -> ActionOutcome:
         if self.fail is not None:
@@ -86,8 +112,8 @@ class Harness:
         self.worker = DeliveryWorker(self.executor, sessions, backoff=FAST)
 
     def raise_alert(self, machine: str, kind: AlertKind = AlertKind.RULE, job: str = "j",
-                    domain: str = "") -> Alert:  # fmt: skip
-        alert = Alert(job=job, machine=machine, kind=kind, metric="gpu_xid_count", score=9.0,
+                    domain: str = "", metric: str = "gpu_xid_count") -> Alert:  # fmt: skip
+        alert = Alert(job=job, machine=machine, kind=kind, metric=metric, score=9.0,
                       first_ts=1000.0, detected_ts=1001.0, domain=domain)  # fmt: skip
         with self.sessions.begin() as session:
             stored, _ = record_alert_with_events(session, alert, self.destinations)
@@ -309,6 +335,212 @@ def test_a_reset_starts_a_new_window(sessions: SessionFactory) -> None:
     h.raise_alert("j-n0011")
     h.run()
     assert [n for n, _ in h.actuator.applied] == ["j-n0000", "j-n0001", "j-n0010", "j-n0011"]
+
+
+# -- the scheduler's check ------------------------------------------------------------------------
+
+
+def _suspicious(sessions: SessionFactory) -> list[Alert]:
+    with sessions() as session:
+        alerts, _ = list_alerts(session, kind="suspicious_source")
+    return alerts
+
+
+def _deliveries(sessions: SessionFactory, alert_id: str) -> set[tuple[str, str]]:
+    with sessions() as session:
+        rows, _ = list_deliveries(session, alert_id=alert_id, limit=100)
+    return {(d.destination, d.event) for d in rows}
+
+
+def test_a_node_outside_the_job_is_not_acted_on_and_raises_suspicious_source(
+    sessions: SessionFactory,
+) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    forged = h.raise_alert("k-n0007", job="j")  # a node of job k, claimed for job j
+    h.run()
+    assert h.actuator.checked == ["j"]
+    assert h.actuator.applied == []
+    assert h.outcomes() == [("k-n0007", "drain", "skipped_not_in_job")]
+    with sessions() as session:
+        [entry], _ = list_audit(session, outcome="skipped_not_in_job")
+    assert entry.alert_id == forged.id and entry.mode == "enforce"
+    assert "node k-n0007 is not running job j per slurm" in entry.detail
+    assert "the job runs on 100 other node(s)" in entry.detail
+
+    [suspicious] = _suspicious(sessions)
+    assert (suspicious.job, suspicious.machine, suspicious.status) == ("j", "k-n0007",
+                                                                      AlertStatus.OPEN)  # fmt: skip
+    assert suspicious.evidence["original_alert_id"] == forged.id
+    assert suspicious.evidence["reason"].startswith("node k-n0007 is not running job j per slurm")
+    assert suspicious.evidence["job_node_count"] == 100
+    assert len(suspicious.evidence["job_nodes"]) == 16
+    # delivered to the notification destinations, never to an action destination
+    assert _deliveries(sessions, suspicious.id) == {("webhook:ops", "alert.opened")}
+    assert (
+        h.registry.get_sample_value(
+            "minder_actions_total",
+            {"target": "slurm", "operation": "drain", "outcome": "skipped_not_in_job"},
+        )
+        == 1
+    )
+    # the forged alert's end asks for no undo: nothing was taken out
+    h.set_status(forged, AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == []
+    assert h.outcomes()[-1] == ("k-n0007", "resume", "skipped_policy")
+
+
+def test_a_job_the_scheduler_does_not_run_is_not_acted_on(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.raise_alert("j-n0001", job="4242")
+    h.raise_alert("j-n0002", job="x" * 300)  # a long forged job id is cut in messages
+    h.run()
+    assert h.actuator.applied == []
+    assert [o[2] for o in h.outcomes()] == ["skipped_not_in_job"] * 2
+    by_job = {a.job: a for a in _suspicious(sessions)}
+    assert by_job["4242"].evidence["reason"] == (
+        "node j-n0001 is not running job 4242 per slurm (slurm knows no running job of that id)"
+    )
+    assert by_job["4242"].evidence["job_running"] is False
+    assert len(by_job["x" * 300].evidence["reason"]) < 150
+
+
+def test_a_suspicious_source_alert_is_never_acted_on(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.raise_alert("k-n0007", job="j")
+    h.run()
+    [suspicious] = _suspicious(sessions)
+    # even if one reached an action destination, the policy refuses it
+    h.raise_alert("j-n0001", kind=AlertKind.SUSPICIOUS_SOURCE)
+    h.run()
+    assert h.actuator.applied == [] and h.actuator.checked == ["j"]
+    assert h.outcomes()[-1] == ("j-n0001", "drain", "skipped_policy")
+    h.set_status(suspicious, AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == []
+    with pytest.raises(ValidationError, match="never acted on"):
+        ActionPolicy(act_on={"suspicious_source": 0})
+
+
+def test_the_same_forged_fault_again_folds_into_one_suspicious_alert(
+    sessions: SessionFactory,
+) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    first = h.raise_alert("k-n0007", job="j")
+    h.run()
+    h.set_status(first, AlertStatus.RESOLVED)
+    h.run()
+    again = Alert(job="j", machine="k-n0007", kind=AlertKind.RULE, metric="gpu_xid_count",
+                  score=9.0, first_ts=2000.0, detected_ts=2001.0)  # fmt: skip
+    with sessions.begin() as session:
+        record_alert_with_events(session, again, h.destinations)
+    h.run()
+    [suspicious] = _suspicious(sessions)
+    with sessions() as session:
+        assert get_alert_record(session, suspicious.id).occurrences == 2
+    assert [o[2] for o in h.outcomes() if o[1] == "drain"] == ["skipped_not_in_job"] * 2
+
+
+def test_forged_alerts_neither_spend_nor_trip_the_breaker(sessions: SessionFactory) -> None:
+    # 200 watched machines, 0.5 %: one machine per window, as 2 % of 8 machines would be
+    h = Harness(sessions, ActionPolicy(enforce=True, max_per_job=1, max_fraction=0.005))
+    for i in range(3):
+        h.raise_alert(f"k-n{i:04d}", job="j")  # forged: k's nodes claimed for j
+    h.raise_alert("j-n0000", job="k")  # forged: j's node claimed for k
+    h.run()
+    assert [o[2] for o in h.outcomes()] == ["skipped_not_in_job"] * 4
+    with sessions() as session:
+        assert not get_breaker(session, BREAKER).tripped
+        assert machines_acted_on(session, since=0.0, operation="drain") == set()
+    real = h.raise_alert("j-n0005")  # a real fault is still drained
+    h.run()
+    assert h.actuator.applied == [("j-n0005", real.id)]
+    with sessions() as session:
+        assert machines_acted_on(session, since=0.0, operation="drain") == {("j", "j-n0005")}
+    h.raise_alert("j-n0006")  # and the bound still holds for real faults
+    h.run()
+    assert len(h.actuator.applied) == 1
+    with sessions() as session:
+        assert get_breaker(session, BREAKER).tripped
+
+
+def test_dry_run_checks_too_and_forged_alerts_do_not_count(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(max_per_job=1))
+    h.raise_alert("k-n0001", job="j")
+    h.raise_alert("j-n0001")
+    h.run()
+    assert [o[2] for o in h.outcomes()] == ["skipped_not_in_job", "dry_run"]
+    with sessions() as session:
+        [dry], _ = list_audit(session, outcome="dry_run")
+    assert "j-n0001 runs job j per slurm" in dry.detail
+    assert h.actuator.applied == []
+
+
+def test_an_unreachable_scheduler_is_retried_never_acted_on_blind(
+    sessions: SessionFactory,
+) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.actuator.unreachable = ActionError("slurm: controller unreachable", transient=True)
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.applied == []  # not before the scheduler answered
+    h.run_until(lambda: bool(h.actuator.applied))
+    assert h.actuator.applied == [("j-n0001", alert.id)]
+    assert [o[1:] for o in h.outcomes()] == [("check", "failed"), ("drain", "applied")]
+    with sessions() as session:
+        [failed], _ = list_audit(session, outcome="failed")
+    assert "cannot check with slurm that j-n0001 runs job j" in failed.detail
+    assert failed.detail.endswith("(retried)")
+    assert (
+        h.registry.get_sample_value(
+            "minder_actions_total", {"target": "slurm", "operation": "check", "outcome": "failed"}
+        )
+        == 1
+    )
+
+
+def test_a_check_that_cannot_succeed_gives_up_without_acting(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.actuator.unreachable = ActionError("slurm: scontrol not found", transient=False)
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.applied == []
+    assert [o[1:] for o in h.outcomes()] == [("check", "failed")]
+    with sessions() as session:
+        expired, _ = list_deliveries(session, status="expired")
+    assert [d.destination for d in expired] == ["action:slurm"]
+    h.set_status(alert, AlertStatus.RESOLVED)  # nothing was applied: nothing to undo
+    h.run()
+    assert h.actuator.undone == []
+    assert h.outcomes()[-1] == ("j-n0001", "resume", "skipped_policy")
+
+
+def test_undos_need_no_check(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    h.actuator.jobs.clear()  # the job ended: the node is given back all the same
+    h.set_status(alert, AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)]
+    assert h.actuator.checked == ["j"]
+
+
+def test_an_actuator_that_cannot_check_is_refused(sessions: SessionFactory) -> None:
+    class Blind:
+        name = "blind"
+
+        def apply(self, node: str, *, alert_id: str, reason: str) -> ActionOutcome:
+            raise AssertionError("never called")
+
+        def undo(self, node: str, *, alert_id: str) -> ActionOutcome:
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="scheduler's check"):
+        ActionExecutor(Blind(), ActionPolicy(enforce=True), sessions)
+    view: SchedulerView = Recording()
+    executor = ActionExecutor(Blind(), ActionPolicy(enforce=True), sessions, scheduler=view)
+    assert executor.scheduler is view
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,9 @@ The ClusterRole the actuator needs (``minder.actions.kubernetes.RBAC_RULES``), f
       - apiGroups: [""]
         resources: ["nodes/status"]
         verbs: ["patch"]
+      - apiGroups: [""]
+        resources: ["pods"]
+        verbs: ["list"]
 
 :func:`test_rbac_rules_are_enough_and_each_is_needed` checks that list against the fake's RBAC.
 """
@@ -38,7 +41,8 @@ pytest.importorskip("tenacity", reason="tenacity is not installed")
 from fake_kube_api import ALL_RULES, FakeKubeApi
 from kubernetes import client
 
-from minder.actions.base import ActionError, mark_for
+from minder.actions.base import ActionError, SchedulerView, mark_for
+from minder.actions.executor import BREAKER, ActionExecutor
 from minder.actions.kubernetes import (
     ANNOTATION_ALERT,
     ANNOTATION_CORDONED,
@@ -47,11 +51,21 @@ from minder.actions.kubernetes import (
     TAINT_KEY,
     KubernetesActuator,
 )
+from minder.actions.policy import ActionPolicy
+from minder.core.alert import Alert, AlertKind
+from minder.delivery.worker import Backoff, DeliveryWorker
+from minder.storage import SessionFactory, create_engine_for, session_factory, upgrade_database
+from minder.storage.actions import get_breaker, list_audit
+from minder.storage.alerts import list_alerts
+from minder.storage.jobs import upsert_job_machines
+from minder.storage.outbox import AlertEvent, Destination, record_alert_with_events
+from minder.storage.records import MachineInfo
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 LATER = datetime(2026, 1, 2, 4, 0, 0, tzinfo=UTC)
 OPERATOR_TAINT = {"key": "ops.example.com/maintenance", "value": "rack-7", "effect": "NoSchedule"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+NOTIFY = Destination("webhook:ops", frozenset(e.value for e in AlertEvent))
 
 
 class Clock:
@@ -480,10 +494,17 @@ def _rules(rules: list[dict[str, list[str]]]) -> frozenset[tuple[str, str]]:
 
 def test_rbac_rules_are_enough_and_each_is_needed(fake: FakeKubeApi, clock: Clock) -> None:
     needed = _rules(RBAC_RULES)
-    assert needed == {("get", "nodes"), ("patch", "nodes"), ("patch", "nodes/status")}
+    assert needed == {
+        ("get", "nodes"),
+        ("patch", "nodes"),
+        ("patch", "nodes/status"),
+        ("list", "pods"),
+    }
     fake.tokens["minimal"] = ("minder", needed)
     fake.add_node("gpu-1")
+    fake.add_pod("train-0", node="gpu-1", labels={"job-name": "train"})
     actuator = make_actuator(fake, clock, token="minimal")
+    assert actuator.job_nodes("train") == {"gpu-1"}
     assert actuator.apply("gpu-1", alert_id="al-42", reason="x").changed
     assert actuator.undo("gpu-1", alert_id="al-42").changed
 
@@ -491,7 +512,8 @@ def test_rbac_rules_are_enough_and_each_is_needed(fake: FakeKubeApi, clock: Cloc
         fake.tokens["less"] = ("minder", needed - {rule})
         fake.add_node("gpu-2")
         lesser = make_actuator(fake, clock, token="less")
-        with pytest.raises(ActionError) as caught:  # apply alone uses every rule
+        with pytest.raises(ActionError) as caught:  # the check and an apply use every rule
+            lesser.job_nodes("train")
             lesser.apply("gpu-2", alert_id="al-42", reason="x")
         assert not caught.value.transient
         assert f"verb {rule[0]!r} on resource {rule[1]!r}" in str(caught.value)
@@ -525,6 +547,130 @@ def test_a_failed_undo_converges_on_the_next_undo(
     retried = actuator.undo("gpu-1", alert_id="al-42")
     assert retried.changed and "uncordoned" in retried.detail
     assert "unschedulable" not in fake.node("gpu-1")["spec"]
+
+
+# -- the scheduler's view: which nodes a job runs on -------------------------------------------
+
+
+def test_job_nodes_are_the_nodes_of_the_jobs_running_pods(
+    fake: FakeKubeApi, actuator: KubernetesActuator
+) -> None:
+    view: SchedulerView = actuator
+    fake.add_pod("train-0", node="gpu-1", labels={"job-name": "train"})
+    fake.add_pod("train-1", node="gpu-2", labels={"job-name": "train"}, namespace="ml")
+    fake.add_pod("train-2", node="gpu-3", labels={"job-name": "train"}, phase="Succeeded")
+    fake.add_pod("train-3", labels={"job-name": "train"}, phase="Pending")  # not scheduled
+    fake.add_pod("other-0", node="gpu-4", labels={"job-name": "other"})
+    fake.add_pod("unlabelled", node="gpu-5")
+    assert view.job_nodes("train") == {"gpu-1", "gpu-2"}
+    assert view.job_nodes("other") == {"gpu-4"}
+    assert view.job_nodes("ghost") is None
+    listed = fake.calls("GET", "/api/v1/pods")[0]  # one request per check
+    assert len(fake.calls("GET")) == 3
+    assert listed.query == {
+        "labelSelector": ["job-name=train"],
+        "fieldSelector": ["status.phase=Running"],
+    }
+
+
+def test_job_nodes_in_one_namespace_with_another_label(fake: FakeKubeApi, clock: Clock) -> None:
+    fake.add_pod("a", node="gpu-1", labels={"example.com/job": "run-7"}, namespace="ml")
+    fake.add_pod("b", node="gpu-2", labels={"example.com/job": "run-7"}, namespace="dev")
+    actuator = make_actuator(fake, clock, job_label="example.com/job", job_namespace="ml")
+    assert actuator.job_nodes("run-7") == {"gpu-1"}
+    assert [r.path for r in fake.calls("GET")] == ["/api/v1/namespaces/ml/pods"]
+    with pytest.raises(ValueError, match="not a label key"):
+        make_actuator(fake, clock, job_label="bad label")
+    with pytest.raises(ValueError, match="not a namespace"):
+        make_actuator(fake, clock, job_namespace="ML_ns")
+
+
+def test_a_job_id_that_no_label_can_hold_asks_nothing(
+    fake: FakeKubeApi, actuator: KubernetesActuator
+) -> None:
+    for job_id in ("a,job-name=train", "x" * 64, "-lead", "", "job name"):
+        assert actuator.job_nodes(job_id) is None
+    assert fake.requests == []
+
+
+def test_an_unreachable_or_overloaded_api_server_makes_the_check_transient(
+    fake: FakeKubeApi, actuator: KubernetesActuator
+) -> None:
+    fake.inject(503, path="/api/v1/pods")
+    with pytest.raises(ActionError, match="list pods of job train") as info:
+        actuator.job_nodes("train")
+    assert info.value.transient
+    fake.inject("drop", times=10, path="/api/v1/pods")  # the client retries a dropped GET
+    with pytest.raises(ActionError) as info:
+        actuator.job_nodes("train")
+    assert info.value.transient
+
+
+def _checked_executor(
+    fake: FakeKubeApi, clock: Clock, tmp_path: Path
+) -> tuple[ActionExecutor, SessionFactory, DeliveryWorker]:
+    engine = create_engine_for(f"sqlite:///{tmp_path / 'checked.db'}")
+    upgrade_database(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as session:  # 8 watched machines: 2 % allows one per hour
+        upsert_job_machines(
+            session, "train", [MachineInfo(f"gpu-{i}", "", "") for i in range(8)], 1.0
+        )
+    executor = ActionExecutor(
+        make_actuator(fake, clock),
+        ActionPolicy(enforce=True, max_per_job=1, max_fraction=0.02),
+        sessions,
+        notify=[NOTIFY],
+    )
+    worker = DeliveryWorker(executor, sessions, backoff=Backoff(base_s=0.01, cap_s=0.05))
+    return executor, sessions, worker
+
+
+def test_only_an_alert_on_a_node_of_its_job_cordons(
+    fake: FakeKubeApi, clock: Clock, tmp_path: Path
+) -> None:
+    for i in range(8):
+        fake.add_node(f"gpu-{i}")
+    for i in range(4):
+        fake.add_pod(f"train-{i}", node=f"gpu-{i}", labels={"job-name": "train"})
+    executor, sessions, worker = _checked_executor(fake, clock, tmp_path)
+    destinations = [executor.destination_spec(), NOTIFY]
+
+    def alert(job: str, machine: str) -> Alert:
+        raised = Alert(job=job, machine=machine, kind=AlertKind.RULE, metric="gpu_xid_count",
+                       score=1.0, first_ts=1000.0, detected_ts=1001.0)  # fmt: skip
+        with sessions.begin() as session:
+            stored, _ = record_alert_with_events(session, raised, destinations)
+        worker.run_once()
+        return stored
+
+    unknown = alert("ghost", "gpu-5")  # no such job
+    outside = alert("train", "gpu-6")  # a node outside the job
+    with sessions() as session:
+        skipped, _ = list_audit(session, outcome="skipped_not_in_job")
+        suspicious, _ = list_alerts(session, kind="suspicious_source")
+        assert not get_breaker(session, BREAKER).tripped
+    assert {e.alert_id for e in skipped} == {unknown.id, outside.id}
+    for node in ("gpu-5", "gpu-6"):
+        assert not fake.node(node)["spec"].get("unschedulable")
+        assert not minder_taints(fake.node(node))
+    assert not fake.calls("PATCH")
+    by_original = {a.evidence["original_alert_id"]: a for a in suspicious}
+    assert by_original[outside.id].evidence["reason"] == (
+        "node gpu-6 is not running job train per kubernetes (the job runs on 4 other node(s))"
+    )
+    assert (
+        by_original[unknown.id]
+        .evidence["reason"]
+        .startswith("node gpu-5 is not running job ghost per kubernetes")
+    )
+
+    real = alert("train", "gpu-2")  # the one machine the breaker allows
+    assert fake.node("gpu-2")["spec"]["unschedulable"] is True
+    with sessions() as session:
+        [applied], _ = list_audit(session, outcome="applied")
+        assert not get_breaker(session, BREAKER).tripped
+    assert applied.alert_id == real.id
 
 
 # -- configuration ----------------------------------------------------------------------------
@@ -829,6 +975,42 @@ def test_fake_status_codes(fake: FakeKubeApi) -> None:
     code, answer = raw(fake, "GET", "/api/v1/nodes?limit=1")
     assert code == 501 and fake.unsupported == ["the limit query parameter"]
     fake.unsupported.clear()
+
+
+def test_fake_lists_pods_by_label_and_field_selectors(fake: FakeKubeApi) -> None:
+    fake.add_pod("a", node="gpu-1", labels={"job-name": "t"})
+    fake.add_pod("b", node="gpu-2", labels={"job-name": "t"}, namespace="ml", phase="Failed")
+    fake.add_pod("c", labels={"job-name": "u"}, phase="Pending")
+
+    def names(path: str) -> list[str]:
+        code, listing = raw(fake, "GET", path)
+        assert code == 200 and listing["kind"] == "PodList", listing
+        assert all("kind" not in item for item in listing["items"])
+        return [item["metadata"]["name"] for item in listing["items"]]
+
+    assert names("/api/v1/pods") == ["a", "c", "b"]
+    assert names("/api/v1/pods?labelSelector=job-name%3Dt") == ["a", "b"]
+    assert names(
+        "/api/v1/pods?labelSelector=job-name%3Dt&fieldSelector=status.phase%3DRunning"
+    ) == ["a"]
+    assert names("/api/v1/pods?fieldSelector=status.phase!%3DRunning,spec.nodeName%3D") == ["c"]
+    assert names("/api/v1/namespaces/ml/pods") == ["b"]
+    assert names("/api/v1/namespaces/none/pods") == []
+    code, answer = raw(fake, "GET", "/api/v1/pods?fieldSelector=metadata.labels%3Dx")
+    assert (code, answer["message"]) == (400, "field label not supported: metadata.labels")
+    code, pod = raw(fake, "GET", "/api/v1/namespaces/ml/pods/b")
+    assert code == 200 and pod["spec"]["nodeName"] == "gpu-2" and pod["kind"] == "Pod"
+    code, answer = raw(fake, "GET", "/api/v1/namespaces/ml/pods/zz")
+    assert (code, answer["message"]) == (404, 'pods "zz" not found')
+    fake.tokens["nodes-only"] = ("ops", frozenset({("get", "nodes")}))
+    code, answer = raw(fake, "GET", "/api/v1/pods", token="nodes-only")
+    assert (code, answer["message"]) == (
+        403,
+        'pods is forbidden: User "ops" cannot list resource "pods" in API group "" at the '
+        "cluster scope",
+    )
+    code, answer = raw(fake, "GET", "/api/v1/namespaces/ml/pods", token="nodes-only")
+    assert code == 403 and answer["message"].endswith('in the namespace "ml"')
 
 
 def test_fake_fault_injection(fake: FakeKubeApi) -> None:

@@ -11,18 +11,39 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from slurm_cluster import SlurmCluster
 
-from minder.actions.base import ActionError, ActionOutcome, NodeActuator, mark_for
+from minder.actions.base import (
+    ActionError,
+    ActionOutcome,
+    NodeActuator,
+    SchedulerView,
+    mark_for,
+)
+from minder.actions.executor import BREAKER, ActionExecutor, ActionMetrics
+from minder.actions.policy import ActionPolicy
 from minder.actions.slurm import (
     DEFAULT_MAX_REASON_CHARS,
+    JobRecord,
     NodeState,
     SlurmActuator,
     carries_mark,
     drain_reason,
+    is_slurm_job_id,
+    parse_show_job,
     parse_show_node,
     parse_state_flags,
+    records_of_job,
 )
+from minder.core.alert import Alert, AlertKind
+from minder.delivery.worker import Backoff, DeliveryWorker
+from minder.storage import SessionFactory, create_engine_for, session_factory, upgrade_database
+from minder.storage.actions import get_breaker, list_audit, machines_acted_on
+from minder.storage.alerts import list_alerts
+from minder.storage.jobs import upsert_job_machines
+from minder.storage.outbox import AlertEvent, Destination, record_alert_with_events
+from minder.storage.records import MachineInfo
 
 SHOW_DRAINED = """\
 NodeName=gpu-0007 Arch=x86_64 CoresPerSocket=1
@@ -47,6 +68,55 @@ NodeName=gpu-0002 Arch=x86_64
    Reason=hardware: PSU [admin@2026-01-01T00:00:00]
        second line of the reason
    Comment=ticket 42
+"""
+
+
+# What Slurm 22.05's ``scontrol show job <id>`` printed for a one-node batch job (trimmed).
+SHOW_JOB_RUNNING = (
+    """\
+JobId=1 JobName=wrap
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   Priority=4294901759 Nice=0 Account=(null) QOS=(null)
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   Partition=debug AllocNode:Sid=localhost:7443
+   ReqNodeList=demo-n0023 ExcNodeList=(null)
+   NodeList=demo-n0023
+   BatchHost=demo-n0023
+   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   Command=(null)
+   WorkDir=/tmp/minder-slurm-n4q87oao
+   StdOut=/dev/null
+   Power=
+"""
+    + "   \n\n"
+)  # scontrol ends a record with a line of spaces and a blank line
+
+# ``scontrol show job 2`` of array job 2 (tasks 0-1): the task that kept the array's id (JobId=2,
+# task 1) and the other task (JobId=3, task 0), which is another job; plus a pending task.
+SHOW_ARRAY = """\
+JobId=2 ArrayJobId=2 ArrayTaskId=1 JobName=wrap
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=demo-n0025
+
+JobId=3 ArrayJobId=2 ArrayTaskId=0 JobName=wrap
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=demo-n0024
+
+JobId=4 ArrayJobId=2 ArrayTaskId=2 JobName=wrap
+   JobState=PENDING Reason=Resources Dependency=(null)
+   NodeList=(null)
+"""
+
+# A heterogeneous job (leader 10, components 10 and 11), in the format of Slurm's job_info.c.
+SHOW_HET = """\
+JobId=10 HetJobId=10 HetJobOffset=0 JobName=train
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=gpu[01-02]
+
+JobId=11 HetJobId=10 HetJobOffset=1 JobName=train
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=gpu03
 """
 
 
@@ -200,6 +270,157 @@ def test_a_hanging_scontrol_is_a_transient_timeout(tmp_path: Path) -> None:
         actuator.undo("gpu-0001", alert_id=_alert_id())
     assert info.value.transient
     assert time.monotonic() - began < 5
+
+
+# -- the scheduler's view: which nodes a job runs on -----------------------------------------------
+
+
+def test_the_actuator_is_its_own_scheduler_view() -> None:
+    view: SchedulerView = SlurmActuator()
+    assert callable(view.job_nodes)
+
+
+def test_parse_show_job_reads_a_running_job() -> None:
+    assert parse_show_job(SHOW_JOB_RUNNING) == [JobRecord("1", "RUNNING", "demo-n0023")]
+    assert parse_show_job(SHOW_JOB_RUNNING)[0].running
+
+
+def test_an_array_task_is_its_own_job() -> None:
+    records = parse_show_job(SHOW_ARRAY)
+    assert [(r.job_id, r.array_job_id, r.array_task_id) for r in records] == [
+        ("2", "2", "1"),
+        ("3", "2", "0"),
+        ("4", "2", "2"),
+    ]
+    assert [r.node_list for r in records_of_job(records, "2")] == ["demo-n0025"]
+    assert [r.node_list for r in records_of_job(records, "3")] == ["demo-n0024"]
+    assert [r.job_id for r in records_of_job(records, "2_0")] == ["3"]
+    assert [r.state for r in records_of_job(records, "2_2")] == ["PENDING"]
+    assert records_of_job(records, "2_7") == []
+    assert records_of_job(records, "99") == []
+
+
+def test_a_heterogeneous_job_is_every_component_of_its_leader() -> None:
+    records = parse_show_job(SHOW_HET)
+    assert [r.node_list for r in records_of_job(records, "10")] == ["gpu[01-02]", "gpu03"]
+    assert [r.node_list for r in records_of_job(records, "11")] == ["gpu03"]
+
+
+def test_text_the_job_owner_chose_cannot_add_a_node() -> None:
+    # a job name on the first line is the owner's: what follows JobName= is not read
+    named = SHOW_JOB_RUNNING.replace(
+        "JobName=wrap", "JobName=x NodeList=victim JobId=1 HetJobId=1 JobState=RUNNING"
+    )
+    assert parse_show_job(named) == [JobRecord("1", "RUNNING", "demo-n0023")]
+    # a field at the start of a line twice: refused, not guessed
+    commented = SHOW_JOB_RUNNING.replace("   Command=(null)", "   Command=x\n   NodeList=victim")
+    with pytest.raises(ValueError, match="2 NodeList= lines"):
+        parse_show_job(commented)
+    # a second record of the same job (a name holding blank lines)
+    forged = SHOW_JOB_RUNNING + "JobId=1 JobName=y\n   JobState=RUNNING\n   NodeList=victim\n"
+    with pytest.raises(ValueError, match="job 1 has two records"):
+        parse_show_job(forged)
+    with pytest.raises(ValueError, match="expected JobId="):
+        parse_show_job(SHOW_JOB_RUNNING + "NodeList=victim\n   JobState=RUNNING\n")
+    with pytest.raises(ValueError, match="0 JobState= lines"):
+        parse_show_job("JobId=5 JobName=x\n   NodeList=gpu01\n")
+
+
+@pytest.mark.parametrize(
+    ("job_id", "valid"),
+    [
+        ("4242", True),
+        ("4240_2", True),
+        ("0", False),
+        ("00042", False),
+        ("123+1", False),
+        ("4240_[1-3]", False),
+        (" 42", False),
+        ("demo", False),
+        ("", False),
+        ("1" * 11, False),
+    ],
+)
+def test_slurm_job_ids(job_id: str, valid: bool) -> None:
+    assert is_slurm_job_id(job_id) is valid
+
+
+def test_a_job_id_slurm_does_not_use_is_no_running_job_without_asking() -> None:
+    actuator = SlurmActuator(scontrol="/nonexistent/bin/scontrol")  # never run
+    for job_id in ("demo", "123+1", "1;reboot", "x" * 500):
+        assert actuator.job_nodes(job_id) is None
+
+
+def test_an_unknown_job_is_no_running_job(tmp_path: Path) -> None:
+    said = "slurm_load_jobs error: Invalid job id specified"
+    actuator = SlurmActuator(scontrol=_fake_scontrol(tmp_path, said, 1))
+    assert actuator.job_nodes("4242") is None
+
+
+@pytest.mark.parametrize(
+    ("said", "exit_code", "transient"),
+    [
+        ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1, True),
+        ("slurm_load_jobs error: Socket timed out on send/recv operation", 1, True),
+        ("scontrol: fatal: Unable to process configuration file", 1, False),
+    ],
+)
+def test_a_check_that_cannot_reach_slurm_raises(
+    tmp_path: Path, said: str, exit_code: int, transient: bool
+) -> None:
+    actuator = SlurmActuator(scontrol=_fake_scontrol(tmp_path, said, exit_code))
+    with pytest.raises(ActionError) as info:
+        actuator.job_nodes("4242")
+    assert info.value.transient is transient
+    assert "cannot read job '4242'" in str(info.value)
+
+
+def _fake_show_job(tmp_path: Path, show: str) -> tuple[Path, Path]:
+    """An scontrol that prints ``show`` for ``show job`` and expands ``gpu-[0001-0002]`` for
+    ``show hostnames``, logging its arguments; returns it and the log."""
+    (tmp_path / "show.txt").write_text(show, encoding="utf-8")
+    log = tmp_path / "calls.txt"
+    script = tmp_path / "scontrol"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> "{log}"\n'
+        'if [ "$2" = hostnames ]; then printf "gpu-0001\\ngpu-0002\\n"; exit 0; fi\n'
+        f'cat "{tmp_path / "show.txt"}"\n'
+    )
+    script.chmod(0o755)
+    return script, log
+
+
+def test_job_nodes_expand_a_ranged_node_list_with_scontrol(tmp_path: Path) -> None:
+    show = SHOW_JOB_RUNNING.replace("NodeList=demo-n0023", "NodeList=gpu-[0001-0002]")
+    script, log = _fake_show_job(tmp_path, show)
+    assert SlurmActuator(scontrol=script).job_nodes("1") == {"gpu-0001", "gpu-0002"}
+    assert log.read_text().splitlines() == ["show job 1", "show hostnames gpu-[0001-0002]"]
+
+
+def test_job_nodes_split_a_plain_node_list_without_a_second_call(tmp_path: Path) -> None:
+    show = SHOW_JOB_RUNNING.replace("NodeList=demo-n0023", "NodeList=gpu-0007,login1")
+    script, log = _fake_show_job(tmp_path, show)
+    assert SlurmActuator(scontrol=script).job_nodes("1") == {"gpu-0007", "login1"}
+    assert log.read_text().splitlines() == ["show job 1"]
+
+
+def test_a_job_that_does_not_run_has_no_nodes(tmp_path: Path) -> None:
+    for state in ("PENDING", "COMPLETED", "CANCELLED", "SUSPENDED", "COMPLETING"):
+        script, _ = _fake_show_job(tmp_path, SHOW_JOB_RUNNING.replace("RUNNING", state))
+        assert SlurmActuator(scontrol=script).job_nodes("1") is None, state
+
+
+def test_unreadable_job_output_is_a_permanent_error(tmp_path: Path) -> None:
+    show = SHOW_JOB_RUNNING.replace("   Command=(null)", "   Command=x\n   NodeList=victim")
+    script, _ = _fake_show_job(tmp_path, show)
+    with pytest.raises(ActionError, match="cannot read job '1'") as info:
+        SlurmActuator(scontrol=script).job_nodes("1")
+    assert not info.value.transient
+    bad_list = SHOW_JOB_RUNNING.replace("NodeList=demo-n0023", "NodeList=gpu;reboot")
+    script, _ = _fake_show_job(tmp_path, bad_list)
+    with pytest.raises(ActionError, match="not a Slurm host list"):
+        SlurmActuator(scontrol=script).job_nodes("1")
 
 
 # -- against a real Slurm cluster ----------------------------------------------------------------
@@ -393,3 +614,118 @@ class TestAgainstRealSlurm:
         assert not info.value.transient
         assert node in str(info.value)
         assert cluster.node_state(node) == (frozenset({"IDLE"}), "")
+
+
+# -- the executor's check against a real Slurm cluster ------------------------------------------
+
+FAST = Backoff(base_s=0.01, cap_s=0.05, floor_s=0.01)
+NOTIFY = Destination("webhook:ops", frozenset(e.value for e in AlertEvent))
+
+
+class CheckedHarness:
+    """An enforcing executor in front of the real cluster, the breaker at one machine per hour
+    (2 % of the fleet, as on 8 machines), its outbox in SQLite."""
+
+    def __init__(self, cluster: SlurmCluster, tmp_path: Path, job_id: str) -> None:
+        engine = create_engine_for(f"sqlite:///{tmp_path / 'checked.db'}")
+        upgrade_database(engine)
+        self.sessions: SessionFactory = session_factory(engine)
+        with self.sessions.begin() as session:  # the watched fleet: the cluster's nodes
+            machines = [MachineInfo(node, "", "") for node in cluster.nodes]
+            upsert_job_machines(session, job_id, machines, 1.0)
+        self.registry = CollectorRegistry()
+        self.executor = ActionExecutor(
+            SlurmActuator(scontrol=cluster.scontrol_path, slurm_conf=cluster.conf_path),
+            ActionPolicy(enforce=True, max_per_job=1, max_fraction=0.02),
+            self.sessions,
+            notify=[NOTIFY],
+            metrics=ActionMetrics(self.registry),
+        )
+        self.destinations = [self.executor.destination_spec(), NOTIFY]
+        self.worker = DeliveryWorker(self.executor, self.sessions, backoff=FAST)
+
+    def alert(self, job: str, machine: str) -> Alert:
+        alert = Alert(job=job, machine=machine, kind=AlertKind.RULE, metric="gpu_xid_count",
+                      score=1.0, first_ts=1000.0, detected_ts=1001.0, devices=("gpu5",),
+                      evidence={"rule": "xid", "code": 79})  # fmt: skip
+        with self.sessions.begin() as session:
+            stored, _ = record_alert_with_events(session, alert, self.destinations)
+        self.worker.run_once()
+        return stored
+
+    def outcome(self, alert: Alert) -> str:
+        with self.sessions() as session:
+            entries, _ = list_audit(session, alert_id=alert.id)
+        return entries[0].outcome
+
+    def suspicious(self) -> list[Alert]:
+        with self.sessions() as session:
+            alerts, _ = list_alerts(session, kind="suspicious_source")
+        return alerts
+
+
+@pytest.mark.slow
+class TestCheckedAgainstRealSlurm:
+    def test_job_nodes_reads_running_jobs(
+        self, cluster: SlurmCluster, actuator: SlurmActuator
+    ) -> None:
+        one = cluster.submit_sleep("demo-n0023", seconds=120)
+        two = cluster.submit_sleep(["demo-n0024", "demo-n0025"], seconds=120)
+        assert "NodeList=demo-n[0024-0025]" in cluster.scontrol("show", "job", two).stdout
+        assert actuator.job_nodes(one) == {"demo-n0023"}
+        assert actuator.job_nodes(two) == {"demo-n0024", "demo-n0025"}  # a range, expanded
+        assert actuator.job_nodes("999999") is None
+        cluster.cancel_job(one)
+        assert actuator.job_nodes(one) is None  # cancelled: no longer running
+
+    def test_a_stopped_controller_makes_the_check_transient(
+        self, cluster: SlurmCluster, actuator: SlurmActuator
+    ) -> None:
+        cluster.stop_controller()
+        try:
+            with pytest.raises(ActionError, match="Unable to contact slurm controller") as info:
+                actuator.job_nodes("1")
+            assert info.value.transient
+        finally:
+            cluster.start_controller()
+
+    def test_only_an_alert_on_a_node_of_its_running_job_drains(
+        self, cluster: SlurmCluster, tmp_path: Path
+    ) -> None:
+        job_id = cluster.submit_sleep("demo-n0023", seconds=300)
+        h = CheckedHarness(cluster, tmp_path, job_id)
+
+        # forged: a job id Slurm does not know, and a node outside the real job
+        unknown = h.alert("999999", "demo-n0024")
+        outside = h.alert(job_id, "demo-n0025")
+        assert h.outcome(unknown) == h.outcome(outside) == "skipped_not_in_job"
+        for node in ("demo-n0024", "demo-n0025"):
+            assert "DRAIN" not in cluster.node_state(node)[0]
+            assert "DRAIN" not in cluster.show_node(node)
+        by_original = {a.evidence["original_alert_id"]: a for a in h.suspicious()}
+        assert set(by_original) == {unknown.id, outside.id}
+        reason = by_original[outside.id].evidence["reason"]
+        assert reason == (
+            f"node demo-n0025 is not running job {job_id} per slurm "
+            "(the job runs on 1 other node(s))"
+        )
+        assert by_original[outside.id].machine == "demo-n0025"
+        assert by_original[unknown.id].evidence["job_running"] is False
+        with h.sessions() as session:
+            assert not get_breaker(session, BREAKER).tripped
+            assert machines_acted_on(session, since=0.0, operation="drain") == set()
+
+        # the real fault on the job's node: drained, within the breaker's one machine
+        real = h.alert(job_id, "demo-n0023")
+        assert h.outcome(real) == "applied"
+        flags, why = cluster.node_state("demo-n0023")
+        assert flags == {"ALLOCATED", "DRAIN"} and carries_mark(why, real.id)
+        with h.sessions() as session:
+            assert not get_breaker(session, BREAKER).tripped
+        assert (
+            h.registry.get_sample_value(
+                "minder_actions_total",
+                {"target": "slurm", "operation": "drain", "outcome": "skipped_not_in_job"},
+            )
+            == 2
+        )

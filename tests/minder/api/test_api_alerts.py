@@ -106,7 +106,7 @@ def test_alert_items_carry_every_field(client: TestClient, seeded: dict[str, Ale
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ({"kind": "bogus"}, "'rule', 'similarity', 'straggler' or 'silence'"),
+        ({"kind": "bogus"}, "'rule', 'similarity', 'straggler', 'silence' or 'suspicious_source'"),
         ({"status": "closed"}, "'open', 'acknowledged', 'resolved' or 'false_positive'"),
         ({"limit": 0}, "greater than or equal to 1"),
         ({"limit": 501}, "less than or equal to 500"),
@@ -168,12 +168,15 @@ def test_patch_refuses_bad_bodies(
         assert "'open', 'acknowledged', 'resolved' or 'false_positive'" in response.text
 
 
-def test_token_guards_mutations_only(sessions: SessionFactory, seeded: dict[str, Alert]) -> None:
+def test_token_guards_mutations_and_reads(
+    sessions: SessionFactory, seeded: dict[str, Alert]
+) -> None:
     app = create_app(sessions, registry=CollectorRegistry(), api_token="s3cret")
     a = seeded["a"]
     with TestClient(app) as client:
-        assert client.get("/api/v1/alerts").status_code == 200  # reads stay open
-        assert client.get(f"/api/v1/alerts/{a.id}").status_code == 200
+        assert client.get("/api/v1/alerts").status_code == 401  # reads need it too
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.get(f"/api/v1/alerts/{a.id}", headers=auth).status_code == 200
         missing = client.patch(f"/api/v1/alerts/{a.id}", json={"status": "resolved"})
         assert missing.status_code == 401
         assert missing.headers["www-authenticate"].startswith("Bearer")

@@ -1,7 +1,9 @@
-"""The API secure by default: tokens, open mode, protected reads, Host, CORS, timeouts, paths."""
+"""The API secure by default: tokens, open mode, reads behind the token (or loopback), Host,
+CORS, timeouts, paths."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pandas as pd
 import pytest
 from api_testing import AUTH, TOKEN, uvicorn_serving
@@ -32,6 +35,8 @@ from minder.storage import SessionFactory, get_alert, record_alert
 BOUNDARY = "minder-security-boundary"
 MULTIPART = {"content-type": f"multipart/form-data; boundary={BOUNDARY}"}
 EVIL = "https://evil.example"
+LOOPBACK = ("127.0.0.1", 50000)
+REMOTE = ("203.0.113.7", 50000)
 
 
 def multipart(name: str = "trace.parquet", data: bytes = b"x", *, closed: bool = True) -> bytes:
@@ -64,8 +69,11 @@ def status_of(sessions: SessionFactory, alert_id: str) -> AlertStatus:
         return get_alert(session, alert_id).status
 
 
-def serve(sessions: SessionFactory, **options: Any) -> TestClient:
-    return TestClient(create_app(sessions, registry=CollectorRegistry(), **options))
+def serve(
+    sessions: SessionFactory, *, client: tuple[str, int] = LOOPBACK, **options: Any
+) -> TestClient:
+    """A test client of ``create_app(**options)``, its requests coming from ``client``."""
+    return TestClient(create_app(sessions, registry=CollectorRegistry(), **options), client=client)
 
 
 # -- changes need a token, or open mode ---------------------------------------------------------
@@ -114,8 +122,9 @@ def test_with_a_token_changes_without_it_get_401(
         assert status_of(sessions, alert_id) is AlertStatus.OPEN
         ok = client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers=AUTH)
         assert ok.status_code == 200 and ok.json()["status"] == "resolved"
-        assert client.get(f"/api/v1/alerts/{alert_id}").status_code == 200  # reads stay open
-    assert "changes need the bearer token" in caplog.text
+        assert client.get(f"/api/v1/alerts/{alert_id}").status_code == 401  # reads too, loopback
+        assert client.get(f"/api/v1/alerts/{alert_id}", headers=AUTH).status_code == 200
+    assert "changes and reads need the bearer token" in caplog.text
     assert TOKEN not in caplog.text  # the token is never logged
 
 
@@ -136,40 +145,117 @@ def test_contradictory_access_options_are_refused(sessions: SessionFactory) -> N
     registry = CollectorRegistry()
     with pytest.raises(ValidationError, match="token and open access were both given"):
         create_app(sessions, registry=registry, api_token=TOKEN, open_access=True)
-    with pytest.raises(ValidationError, match="protect_reads needs an API token"):
-        create_app(sessions, registry=registry, protect_reads=True)
+    with pytest.raises(ValidationError, match="token and open reads were both given"):
+        create_app(sessions, registry=registry, api_token=TOKEN, open_reads=True)
     with pytest.raises(ValidationError, match=re.escape("allowed host 'a.*.org'")):
         create_app(sessions, registry=registry, allowed_hosts=["a.*.org"])
     with pytest.raises(ValidationError, match="body timeout 0 s"):
         create_app(sessions, registry=registry, body_timeout_s=0)
 
 
-# -- protected reads ----------------------------------------------------------------------------
+# -- reads: the token, or loopback -------------------------------------------------------------
+
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/api/v1/health", "/api/v1/ready")
 
 
-def test_protected_reads_need_the_token_but_probes_and_metrics_do_not(
+def read_paths(alert_id: str) -> list[str]:
+    return [
+        "/api/v1/alerts",
+        f"/api/v1/alerts/{alert_id}",
+        "/api/v1/jobs",
+        "/api/v1/jobs/j1/settings",
+        "/api/v1/deliveries",
+        "/api/v1/actions",
+        "/api/v1/breaker",
+        "/api/v1/whatif",
+    ]
+
+
+def assert_probes_metrics_and_docs_are_open(client: TestClient) -> None:
+    for path in (*OPEN_PATHS, "/api/v1/metrics", "/openapi.json", "/docs"):
+        assert client.get(path).status_code == 200, path
+
+
+@pytest.mark.parametrize("client", [LOOPBACK, REMOTE], ids=["loopback", "remote"])
+def test_with_a_token_every_read_needs_it_but_probes_and_metrics_do_not(
+    sessions: SessionFactory, alert_id: str, client: tuple[str, int]
+) -> None:
+    with serve(sessions, client=client, api_token=TOKEN) as test_client:
+        for path in read_paths(alert_id):
+            refused = test_client.get(path)
+            assert refused.status_code == 401, path
+            assert refused.headers["www-authenticate"] == "Bearer"
+            wrong = test_client.get(path, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            assert test_client.get(path, headers=AUTH).status_code == 200, path
+        assert_probes_metrics_and_docs_are_open(test_client)
+
+
+def test_without_a_token_a_remote_client_reads_nothing_and_is_told_which_setting(
     sessions: SessionFactory, alert_id: str
 ) -> None:
-    with serve(sessions, api_token=TOKEN, protect_reads=True) as client:
-        reads = [
-            "/api/v1/alerts",
-            f"/api/v1/alerts/{alert_id}",
-            "/api/v1/jobs",
-            "/api/v1/jobs/j1/settings",
-            "/api/v1/deliveries",
-            "/api/v1/actions",
-            "/api/v1/breaker",
-            "/api/v1/whatif",
-        ]
-        for path in reads:
-            assert client.get(path).status_code == 401, path
-            assert client.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
-            assert client.get(path, headers=AUTH).status_code == 200, path
-        for path in ("/health", "/ready", "/metrics", "/api/v1/health", "/api/v1/ready"):
+    with serve(sessions, client=REMOTE) as client:
+        for path in read_paths(alert_id):
+            refused = client.get(path)
+            assert refused.status_code == 403, path
+            assert refused.headers["content-type"] == "application/json"
+            assert b"\n" not in refused.content
+            detail = refused.json()["detail"]
+            assert detail.startswith("reads from other hosts are disabled on this server")
+            assert "MINDER_API__OPEN_READS=true" in detail and "MINDER_API__TOKEN" in detail
+        assert_probes_metrics_and_docs_are_open(client)
+
+
+@pytest.mark.parametrize(
+    ("host", "reads"),
+    [
+        ("127.0.0.1", 200),
+        ("127.8.9.10", 200),
+        ("::1", 200),
+        ("::ffff:127.0.0.1", 200),
+        ("10.0.0.1", 403),
+        ("::ffff:10.0.0.1", 403),
+        ("fe80::1", 403),
+        ("testclient", 403),  # not an address: not loopback
+    ],
+)
+def test_without_a_token_only_loopback_addresses_read(
+    sessions: SessionFactory, host: str, reads: int
+) -> None:
+    with serve(sessions, client=(host, 50000)) as client:
+        assert client.get("/api/v1/alerts").status_code == reads
+
+
+def test_open_reads_serve_any_client_and_still_refuse_changes(
+    sessions: SessionFactory, alert_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="minder.api.app"):
+        client = serve(sessions, client=REMOTE, open_reads=True)
+    assert "reads to any client (MINDER_API__OPEN_READS=true)" in caplog.text
+    with client:
+        for path in read_paths(alert_id):
             assert client.get(path).status_code == 200, path
-        assert client.get("/api/v1/metrics").status_code == 200
-        assert client.get("/openapi.json").status_code == 200
-        assert client.get("/docs").status_code == 200
+        change = client.patch(f"/api/v1/alerts/{alert_id}", json={"status": "resolved"})
+        assert change.status_code == 403
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
+
+
+def test_open_mode_serves_reads_to_any_client_too(sessions: SessionFactory, alert_id: str) -> None:
+    with serve(sessions, client=REMOTE, open_access=True) as client:
+        for path in read_paths(alert_id):
+            assert client.get(path).status_code == 200, path
+
+
+def test_a_client_forwarded_by_a_local_proxy_is_not_loopback(sessions: SessionFactory) -> None:
+    """uvicorn takes ``X-Forwarded-For`` from a proxy on loopback: the client it names reads
+    only with the token or open reads."""
+    app = create_app(sessions, registry=CollectorRegistry(), allowed_hosts=["127.0.0.1"])
+    with uvicorn_serving(app) as port:
+        url = f"http://127.0.0.1:{port}/api/v1/alerts"
+        assert httpx.get(url, timeout=10).status_code == 200
+        forwarded = httpx.get(url, headers={"X-Forwarded-For": "203.0.113.7"}, timeout=10)
+        assert forwarded.status_code == 403, forwarded.text
+        assert "MINDER_API__OPEN_READS" in forwarded.json()["detail"]
 
 
 # -- Host allow-list and CORS -------------------------------------------------------------------
@@ -210,7 +296,7 @@ def test_a_preflight_from_an_unknown_origin_gets_no_allow_header(sessions: Sessi
         response = client.options("/api/v1/alerts/x", headers=preflight)
         assert response.status_code == 400
         assert "access-control-allow-origin" not in response.headers
-        read = client.get("/api/v1/alerts", headers={"origin": EVIL})
+        read = client.get("/api/v1/alerts", headers={"origin": EVIL, **AUTH})
         assert read.status_code == 200 and "access-control-allow-origin" not in read.headers
     grafana = "https://grafana.example.org"
     with serve(sessions, api_token=TOKEN, cors_origins=[grafana]) as client:
@@ -233,7 +319,7 @@ def test_a_cross_origin_multipart_post_is_refused(
             response = client.post("/api/v1/whatif", content=multipart(), headers=browser)
             assert response.status_code == 403, (options, response.text)
             assert "access-control-allow-origin" not in response.headers
-            assert client.get("/api/v1/whatif").json()["total"] == 0
+            assert client.get("/api/v1/whatif", headers=AUTH).json()["total"] == 0
     with serve(sessions, open_access=True) as client:
         foreign = client.patch(
             f"/api/v1/alerts/{alert_id}", json={"status": "resolved"}, headers={"origin": EVIL}
@@ -305,6 +391,81 @@ def test_a_stalled_body_gets_408_and_the_connection_closed(
         assert stalled_exchange(port, health, b"")[1].startswith(b"HTTP/1.1 200 ")
     assert status_of(sessions, alert_id) is AlertStatus.OPEN
     assert not any(workdir.glob("*/*"))  # the partial upload was removed
+
+
+def trickled_exchange(
+    port: int, head: bytes, body: bytes, chunk: int, every_s: float
+) -> tuple[float, bytes]:
+    """Send a request's head, then its body ``chunk`` bytes every ``every_s`` seconds (while
+    the server lets it): the answer, and the seconds from the head to the server's close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        sock.settimeout(every_s)
+        answer = b""
+        for offset in range(0, len(body), chunk):
+            try:
+                sock.sendall(body[offset : offset + chunk])
+                answer += sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if answer:
+                break
+        sock.settimeout(10)
+        with contextlib.suppress(ConnectionResetError):
+            while part := sock.recv(65536):
+                answer += part
+        return time.monotonic() - started, answer
+
+
+def patch_head(alert_id: str, length: int) -> bytes:
+    return (
+        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def test_a_body_trickled_below_the_minimum_rate_gets_408(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    """Each chunk within the stall timeout is not enough: 5 bytes/s against 100 bytes/s."""
+    app = create_app(
+        sessions,
+        registry=CollectorRegistry(),
+        api_token=TOKEN,
+        body_timeout_s=1.0,
+        body_min_rate=100,
+    )
+    body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
+    with uvicorn_serving(app) as port:
+        elapsed, answer = trickled_exchange(port, patch_head(alert_id, len(body)), body, 1, 0.2)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert b"the request body came too slowly" in answer
+    assert b"MINDER_API__BODY_MIN_RATE" in answer
+    assert 0.9 <= elapsed < 3.0, elapsed
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
+
+
+def test_a_body_at_the_minimum_rate_may_take_longer_than_the_stall_timeout(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    app = create_app(
+        sessions,
+        registry=CollectorRegistry(),
+        api_token=TOKEN,
+        body_timeout_s=1.0,
+        body_min_rate=100,
+    )
+    body = json.dumps({"status": "resolved", "by": "ops"}).encode() + b" " * 500
+    with uvicorn_serving(app) as port:
+        # 100 bytes every 0.4 s (250 bytes/s): about 2 s in all, twice the stall timeout
+        elapsed, answer = trickled_exchange(port, patch_head(alert_id, len(body)), body, 100, 0.4)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert elapsed > 1.5
+    assert status_of(sessions, alert_id) is AlertStatus.RESOLVED
 
 
 def test_a_truncated_multipart_body_gets_422(client: TestClient, tmp_path: Path) -> None:
@@ -403,10 +564,21 @@ def test_contradictory_settings_stop_the_service_in_one_line(
     monkeypatch.setenv("MINDER_API__TOKEN", "")
     monkeypatch.setenv("MINDER_API__PROTECT_READS", "true")
     with pytest.raises(
-        SettingsError, match="PROTECT_READS=true\\) need a token: expected MINDER_API__TOKEN"
+        SettingsError, match="PROTECT_READS=true, deprecated\\) need a token: expected MINDER_API"
     ):
         Settings.load()
+    monkeypatch.setenv("MINDER_API__TOKEN", "sup3r-secret-value")
+    assert Settings.load().api.protect_reads is True  # deprecated, still accepted with a token
     monkeypatch.delenv("MINDER_API__PROTECT_READS")
+    monkeypatch.setenv("MINDER_API__OPEN_READS", "true")
+    with pytest.raises(SettingsError) as reads:
+        Settings.load()
+    assert "open reads (MINDER_API__OPEN_READS=true) and a token (MINDER_API__TOKEN)" in str(
+        reads.value
+    )
+    assert "sup3r-secret-value" not in str(reads.value)
+    monkeypatch.delenv("MINDER_API__OPEN_READS")
+    monkeypatch.setenv("MINDER_API__TOKEN", "")
     assert Settings.load().api.token is None  # an empty token is no token
     monkeypatch.setenv("MINDER_API__ALLOWED_HOSTS", '["minder.*.org"]')
     with pytest.raises(
@@ -426,19 +598,24 @@ def no_api_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_serve_and_demo_say_how_changes_are_made(no_api_variables: pytest.MonkeyPatch) -> None:
     settings = Settings()
-    assert "changes refused until MINDER_API__TOKEN is set" in describe_access(settings)
+    assert describe_access(settings) == (
+        "API reads from loopback, changes refused until MINDER_API__TOKEN is set"
+    )
+    assert "reads from any client (MINDER_API__OPEN_READS=true)" in describe_access(
+        Settings(api=ApiSettings(open_reads=True))
+    )
     access = _demo_access(settings)  # the demo makes a token for its run
     assert settings.api.token is not None and len(settings.api.token) >= 24
-    assert access == f"changes: --token {settings.api.token} (this run's token)"
-    assert describe_access(settings) == "API changes need the token"
+    assert access == f"reads and changes: --token {settings.api.token} (this run's token)"
+    assert describe_access(settings) == "API changes and reads need the token"
     assert settings.api.token not in describe_access(settings)
     chosen = Settings(api=ApiSettings(token="mine"))
-    assert _demo_access(chosen) == "changes: with the token of MINDER_API__TOKEN"
+    assert _demo_access(chosen) == "reads and changes: with the token of MINDER_API__TOKEN"
     assert chosen.api.token == "mine"
     open_settings = Settings(api=ApiSettings(open=True))
-    assert _demo_access(open_settings).startswith("changes: open to anyone")
+    assert _demo_access(open_settings).startswith("reads and changes: open to anyone")
     assert open_settings.api.token is None
-    assert "open to changes by anyone" in describe_access(open_settings)
+    assert "open to reads and changes by anyone" in describe_access(open_settings)
 
 
 # -- what schemathesis found --------------------------------------------------------------------

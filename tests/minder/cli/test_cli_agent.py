@@ -271,6 +271,13 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         from minder.core.records import METRICS_TOPIC, NodeBatch
         from minder.stream import BatchConsumer, EmbeddedBroker, free_port
 
+    from minder.core.signing import ClusterKey, Verifier, format_node_key
+    from minder.stream.auth import BatchAuthenticator
+
+    cluster_key = ClusterKey.generate("agent-test")
+    key_file = tmp_path / "nk.key"
+    key_file.write_text(format_node_key(cluster_key.node_key("nk")))
+    key_file.chmod(0o600)
     metrics_port = free_port()
     try:
         broker = EmbeddedBroker(topics={METRICS_TOPIC: 1, "minder.deadletter.v1": 1}).start()
@@ -300,6 +307,8 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
             str(metrics_port),
             "--metrics-addr",
             "127.0.0.1",
+            "--signing-key",
+            str(key_file),
         ]
         scraped: list[str] = []
 
@@ -329,11 +338,14 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         assert 'minder_node_cpu_util_ratio{device="",job_id="jk",machine="nk"}' in scraped[0]
         assert 'minder_agent_info{job_id="jk",machine="nk"} 1.0' in scraped[0]
 
+        # the service's check: only batches signed with nk's own key get through
+        auth = BatchAuthenticator(Verifier([cluster_key]))
         consumer = BatchConsumer(
             broker.bootstrap,
             group_id=f"cli-agent-{uuid.uuid4().hex[:6]}",
             session_timeout_ms=3000,
             heartbeat_interval_ms=500,
+            authenticator=auth,
         )
         received: list[NodeBatch] = []
         try:
@@ -343,8 +355,22 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         finally:
             consumer.close()
         assert received and {(b.job, b.node) for b in received} == {("jk", "nk")}
+        assert auth.verified == len(received) and sum(auth.failures.values()) == 0
     finally:
         broker.close()
+
+
+def test_a_key_made_for_another_node_stops_the_agent_in_one_line(tmp_path: Path) -> None:
+    from minder.core.signing import ClusterKey, format_node_key
+
+    key_file = tmp_path / "other.key"
+    key_file.write_text(format_node_key(ClusterKey.generate("k").node_key("other-node")))
+    key_file.chmod(0o600)
+    args = ["agent", "--job", "j", "--node", "this-node", "--signing-key", str(key_file)]
+    result = runner.invoke(app, [*args, "--kafka", "127.0.0.1:1"], env=_clean_env())
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "other-node" in lines[0] and "this-node" in lines[0], result.output
 
 
 # -- Kafka security options ----------------------------------------------------------------

@@ -121,6 +121,10 @@ def api(server: Api, engine: Engine) -> Iterator[Api]:
 
 
 def cli(args: list[str], **env: str | None) -> Any:
+    """``args`` run, with the server's token unless ``env`` says otherwise (the server has a
+    token: reads need it too)."""
+    if "MINDER_API__TOKEN" not in env:
+        env = {"MINDER_API_TOKEN": TOKEN, **env}
     result = runner.invoke(app, args, env={**CLEAN_ENV, **env})
     assert "Traceback" not in result.output, result.output
     return result
@@ -196,7 +200,7 @@ def test_list_filters_and_json_shape(api: Api) -> None:
 def test_paging_through_every_page(api: Api) -> None:
     ids = {api.seed(machine=f"j1-n{i:04d}", detected_ts=T0 + 50 + i).id for i in range(7)}
     pages: list[tuple[int, int]] = []
-    with MinderApi(api.url) as client:
+    with MinderApi(api.url, token=TOKEN) as client:
         got = list(client.iter_alerts(page_size=3, on_page=lambda *p: pages.append(p), job="j1"))
         assert {a["id"] for a in got} == ids and len(got) == 7
         assert pages == [(3, 7), (6, 7), (7, 7)]
@@ -277,15 +281,19 @@ def test_false_positive_from_open(api: Api) -> None:
 
 def test_changes_without_or_with_a_wrong_token_say_so_in_one_line(api: Api) -> None:
     a = api.seed()
-    line = one_line_error(["alerts", "ack", a.id, "--api", api.url])
+    line = one_line_error(["alerts", "ack", a.id, "--api", api.url], MINDER_API_TOKEN=None)
     assert "needs --token / MINDER_API_TOKEN" in line
     line = one_line_error(["alerts", "ack", a.id, "--api", api.url, "--token", "wrong"])
     assert "refused the token" in line and "MINDER_API_TOKEN" in line and "wrong" not in line
     # the token from the environment, the CLI's or the server's own variable
     ok(["alerts", "ack", a.id, "--api", api.url], MINDER_API_TOKEN=TOKEN)
     ok(["alerts", "resolve", a.id], MINDER_API_URL=api.url, MINDER_API__TOKEN=TOKEN)
-    line = one_line_error(["breaker", "reset", "--by", "ops", "--api", api.url])
+    line = one_line_error(
+        ["breaker", "reset", "--by", "ops", "--api", api.url], MINDER_API_TOKEN=None
+    )
     assert "needs --token / MINDER_API_TOKEN" in line
+    reads = one_line_error(["alerts", "list", "--api", api.url], MINDER_API_TOKEN=None)
+    assert "GET" in reads and "needs --token / MINDER_API_TOKEN" in reads  # reads need it too
 
 
 # -- breaker and actions -----------------------------------------------------------------------

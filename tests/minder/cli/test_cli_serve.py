@@ -13,12 +13,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from service_settings import cluster_keys
 from typer.testing import CliRunner
 
 from minder.cli import app
 from minder.stream.broker import free_port
 
 runner = CliRunner()
+KEYS_FILE = cluster_keys()
 MINDER = [sys.executable, "-m", "minder.cli"]
 
 
@@ -32,12 +34,39 @@ def _one_line_error(output: str) -> str:
 
 def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
+    full_env["MINDER_AUTH__KEYS_FILE"] = str(KEYS_FILE)
     full_env.update(env)
     # a wide terminal, so the one error line is not wrapped by rich
     full_env["COLUMNS"] = "400"
     return subprocess.run(
         [*MINDER, *args], check=False, env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def test_serve_without_signing_keys_says_so_in_one_line(tmp_path: Path) -> None:
+    result = _run(
+        ["serve"],
+        {"MINDER_AUTH__KEYS_FILE": "", "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'm.db'}"},
+    )
+    line = _one_line_error(result.stderr)
+    assert result.returncode != 0
+    assert "MINDER_AUTH__KEYS_FILE" in line and "minder keys init" in line
+    assert "MINDER_AUTH__MODE=permissive" in line
+
+
+def test_serve_with_a_bad_key_file_names_it_without_the_secret(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.keys"
+    bad.write_text("k1 not-a-secret-of-32-bytes\n")
+    bad.chmod(0o600)
+    result = _run(
+        ["serve"],
+        {
+            "MINDER_AUTH__KEYS_FILE": str(bad),
+            "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'm.db'}",
+        },
+    )
+    line = _one_line_error(result.stderr)
+    assert str(bad) in line and "not-a-secret" not in line
 
 
 def test_serve_without_a_broker_says_so_in_one_line(tmp_path: Path) -> None:
@@ -134,6 +163,7 @@ def test_serve_with_an_embedded_broker_serves_and_stops_on_sigterm(tmp_path: Pat
     api_port, broker_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
     env["MINDER_DATABASE__URL"] = f"sqlite:///{tmp_path / 'm.db'}"
+    env["MINDER_AUTH__KEYS_FILE"] = str(KEYS_FILE)
     process = subprocess.Popen(
         [
             *MINDER,
@@ -170,3 +200,48 @@ def test_serve_with_an_embedded_broker_serves_and_stops_on_sigterm(tmp_path: Pat
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_serve_exits_non_zero_when_its_api_stops_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API thread ending (out of files, a crash of its loop) with the rest running: one
+    line saying so and a non-zero status, so that systemd or Kubernetes restarts the service."""
+    import threading
+
+    from minder.service import stack as stack_module
+
+    built = stack_module.build_stack
+
+    def build_then_stop_its_api(*args: object, **kwargs: object) -> stack_module.Stack:
+        stack = built(*args, **kwargs)  # type: ignore[arg-type]
+
+        def stop_the_server_alone() -> None:
+            while stack.server is None or not stack.server.started:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            stack.server.should_exit = True  # as if its loop had ended
+
+        threading.Thread(target=stop_the_server_alone, daemon=True).start()
+        return stack
+
+    monkeypatch.setattr(stack_module, "build_stack", build_then_stop_its_api)
+    for name in [n for n in os.environ if n.startswith("MINDER_")]:
+        monkeypatch.delenv(name)
+    env = {
+        "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'm.db'}",
+        "MINDER_AUTH__KEYS_FILE": str(KEYS_FILE),
+        "COLUMNS": "400",
+    }
+    args = ["serve", "--embedded-broker", "--broker-port", str(free_port())]
+    began = time.monotonic()
+    result = runner.invoke(app, [*args, "--port", str(free_port())], env=env)
+    assert result.exit_code == 2, result.output
+    assert time.monotonic() - began < 60
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: the API stopped serving (its server stopped on its own); exiting so that it "
+        "restarts"
+    ], result.output

@@ -24,10 +24,12 @@ from typing import Any
 
 import httpx
 import pytest
+from service_settings import cluster_keys
 from standardwebhooks.webhooks import Webhook
 
 from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
+from minder.core.signing import FleetSigner, load_cluster_keys
 from minder.stream import BatchProducer, EmbeddedBroker
 from minder.stream.broker import free_port
 
@@ -132,6 +134,8 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
     receiver.start()
     suffix = uuid.uuid4().hex[:8]
     api_port = free_port()
+    keys_file = cluster_keys()
+    signer = FleetSigner(load_cluster_keys(keys_file)[-1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
     env.update(
         {
@@ -142,6 +146,7 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
             "MINDER_KAFKA__GROUP_ID": f"detect-{suffix}",
             "MINDER_KAFKA__PARTITIONS": "2",
             "MINDER_DATABASE__URL": f"sqlite:///{tmp_path / 'minder.db'}",
+            "MINDER_AUTH__KEYS_FILE": str(keys_file),
             "MINDER_WEBHOOK__ENDPOINTS": json.dumps(
                 [
                     {
@@ -178,7 +183,7 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
     seconds = list(iter_batches(scenario, start_ts=time.time() - scenario.duration_s))
     service = start_service()
     try:
-        with BatchProducer(broker.bootstrap, topic=f"metrics-{suffix}") as producer:
+        with BatchProducer(broker.bootstrap, topic=f"metrics-{suffix}", signer=signer) as producer:
             for _, batches in seconds[:32]:  # faults of r0..r4 start before second 32
                 for batch in batches:
                     producer.send(batch)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from service_settings import isolated_settings
+from service_settings import fleet_signer, isolated_settings
 
 from collectors.sim import Scenario, iter_batches
 from minder.core.codec import BatchEncoder, Decoder, LayoutCache, layout_cache, layout_id
@@ -91,7 +91,9 @@ def test_a_restarted_service_decodes_before_the_nodes_re_announce(
             f"{machines * upto} messages committed",
         )
 
-    with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+    with BatchProducer(
+        broker.bootstrap, topic=settings.kafka.metrics_topic, signer=fleet_signer(settings)
+    ) as producer:
         first = build_stack(settings, registry=CollectorRegistry())
         assert layout_cache().store is first.layout_store is not None
         first.start(api=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from prometheus_client import CollectorRegistry
-from service_settings import isolated_settings
+from service_settings import fleet_signer, isolated_settings
 
 from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
@@ -50,15 +51,22 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
     stack.start()
     try:
         scenario = Scenario.model_validate(SCENARIO)
-        with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+        with BatchProducer(
+            broker.bootstrap, topic=settings.kafka.metrics_topic, signer=fleet_signer(settings)
+        ) as producer:
             # Tansu refuses idempotent produce requests (kafka-python 3 turns them on by default).
             raw = KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False)
             for second, (_, batches) in enumerate(iter_batches(scenario)):
                 for batch in batches:
                     producer.send(batch)
-                if second == 10:  # garbage in the middle of the stream
+                if second == 10:  # garbage in the middle of the stream, from a real node
+                    garbage = b"\x00not a batch"
+                    signature = fleet_signer(settings).header("e2e-n0001", garbage)
                     raw.send(
-                        settings.kafka.metrics_topic, key=b"e2e", value=b"\x00not a batch"
+                        settings.kafka.metrics_topic,
+                        key=b"e2e",
+                        value=garbage,
+                        headers=[signature],
                     ).get(timeout=10)
             producer.flush()
             raw.flush()
@@ -101,6 +109,13 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
         assert 'minder_alerts_total{kind="rule"} 2.0' in metrics
         assert 'minder_decode_failures_total{reason="undecodable"} 1.0' in metrics
         assert "minder_machine_score{" in metrics
+        # every batch was signed by its node: verified, none refused
+        verified = re.search(r"^minder_batches_verified_total (\S+)$", metrics, re.MULTILINE)
+        assert verified is not None and float(verified.group(1)) > 0
+        assert (
+            'minder_batches_unauthenticated_total{action="dead_lettered",reason="unsigned"} 0.0'
+            in metrics
+        )
 
         # The alerts topic carries the same two alerts, as alert.opened events from the outbox.
         _wait_for(
@@ -131,7 +146,9 @@ def test_replayed_stream_does_not_duplicate_stored_alerts(broker, tmp_path) -> N
     database_url = f"sqlite:///{tmp_path / 'replay.db'}"
     settings = _settings(broker.bootstrap, database_url)
     scenario = Scenario.model_validate({**SCENARIO, "faults": SCENARIO["faults"][:1]})
-    with BatchProducer(broker.bootstrap, topic=settings.kafka.metrics_topic) as producer:
+    with BatchProducer(
+        broker.bootstrap, topic=settings.kafka.metrics_topic, signer=fleet_signer(settings)
+    ) as producer:
         for _, batches in iter_batches(scenario):
             for batch in batches:
                 producer.send(batch)

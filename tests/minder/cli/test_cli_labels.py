@@ -1,0 +1,24 @@
+"""Training labels from reviewed alerts: which alerts give rows (the export itself runs in
+test_cli_operator.py against a real API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minder.cli.labels import LabelEnd, label_rows
+
+
+def _alert(kind: str, metric: str) -> Any:
+    return {
+        "id": "a1", "job": "j", "machine": "j-n0007", "domain": "", "devices": ["gpu5"],
+        "kind": kind, "metric": metric, "score": 1.0, "status": "resolved",
+        "first_ts": 100.0, "detected_ts": 110.0, "last_seen_ts": 130.0, "updated_at": 200.0,
+        "evidence": {},
+    }  # fmt: skip
+
+
+def test_a_suspicious_source_alert_is_no_fault_label() -> None:
+    # it says a report came from outside its job: the machine was not faulty
+    assert label_rows(_alert("suspicious_source", "gpu_xid_count"), LabelEnd.resolved) == []
+    [row] = label_rows(_alert("rule", "gpu_xid_count"), LabelEnd.resolved)
+    assert (row["machine"], row["kind"], row["end_ts"]) == ("j-n0007", "rule", 200.0)
