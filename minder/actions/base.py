@@ -101,10 +101,12 @@ class SchedulerView(Protocol):
     name: str
 
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
-        """The scheduler's names of the nodes that job ``job_id`` runs on now.
+        """The scheduler's names of the nodes that job ``job_id`` runs on, or ran on until it
+        ended recently (a fault often kills its job before Minder acts; the scheduler still
+        knows the ended job for a while: Slurm's ``MinJobAge``, a Kubernetes Job's pods).
 
-        None when the scheduler knows no running job of that id (unknown, finished, pending,
-        or an id in a form the scheduler does not use). One or two cheap reads of the scheduler.
+        None when the scheduler knows no such job (unknown, pending, long gone, or an id in a
+        form the scheduler does not use). One or two cheap reads of the scheduler.
 
         Raises
         ------

@@ -36,7 +36,8 @@ merge by ``type``, so it cannot overwrite the kubelet's conditions and needs no 
 Before a cordon, the executor asks :meth:`KubernetesActuator.job_nodes` where the alert's job
 runs: the pods that carry the job label (``job_label``, ``job-name`` by default: the label
 Kubernetes puts on a ``batch/v1`` Job's pods, and the one ``MINDER_JOB`` is read from through the
-downward API) with the job id as value, in phase ``Running`` (a field selector), and their
+downward API) with the job id as value, in phase ``Running``, ``Succeeded`` or ``Failed`` (a
+field selector), and their
 ``spec.nodeName``. A job id that is not a label value names no pods.
 
 RBAC (a ClusterRole): :data:`RBAC_RULES`, i.e. ``get`` and ``patch`` on ``nodes``, ``patch`` on
@@ -98,6 +99,11 @@ _LABEL_KEY_RE = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 )
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+_PLACED_PHASES = frozenset({"Running", "Succeeded", "Failed"})
+"""Phases of a pod that runs or ran on its node (``Pending`` has none yet; ``Unknown`` is not
+known)."""
 
 
 class _ConflictError(Exception):
@@ -260,7 +266,8 @@ class KubernetesActuator:
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
         """The nodes that run a pod of job ``job_id`` now
         (:class:`~minder.actions.base.SchedulerView`): one list of the pods labelled
-        ``<job_label>=<job_id>`` in phase ``Running``, read for their ``spec.nodeName``.
+        ``<job_label>=<job_id>`` that run or ran (phase ``Running``, ``Succeeded``, ``Failed``),
+        read for their ``spec.nodeName``.
 
         None when no such pod runs (or ``job_id`` is not a label value, so no pod can carry it).
 
@@ -284,13 +291,13 @@ class KubernetesActuator:
                 return self._core.list_namespaced_pod(
                     namespace,
                     label_selector=selector,
-                    field_selector="status.phase=Running",
+                    field_selector="status.phase!=Pending",
                     _preload_content=False,
                     _request_timeout=self._timeout,
                 )
             return self._core.list_pod_for_all_namespaces(
                 label_selector=selector,
-                field_selector="status.phase=Running",
+                field_selector="status.phase!=Pending",
                 _preload_content=False,
                 _request_timeout=self._timeout,
             )
@@ -310,7 +317,9 @@ class KubernetesActuator:
             phase = (pod.get("status") or {}).get("phase")
             node = (pod.get("spec") or {}).get("nodeName")
             # The selectors were the server's to apply; they are checked again here.
-            if labels.get(self.job_label) == job_id and phase == "Running" and node:
+            # Succeeded and Failed pods too: a fault often kills its job before Minder acts,
+            # and the node did run it (a pod is kept until its Job is deleted).
+            if labels.get(self.job_label) == job_id and phase in _PLACED_PHASES and node:
                 nodes.add(str(node))
         return frozenset(nodes) if nodes else None
 

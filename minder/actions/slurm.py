@@ -74,8 +74,9 @@ _STATE_SUFFIXES = "*~#!%$@^-"
 """Characters Slurm appends to a state word (``DOWN*``: not responding, ``IDLE~``: powered off)."""
 
 RUNNING = "RUNNING"
-"""The ``JobState`` of a job whose nodes run it (``COMPLETING``, ``SUSPENDED``, ``PENDING`` do
-not count: a job must be running on the node for Minder to act on it)."""
+"""The ``JobState`` of a job whose nodes run it now."""
+PENDING = "PENDING"
+"""The ``JobState`` of a job not placed yet: no node runs it."""
 NO_SUCH_JOB = "invalid job id specified"
 """What ``scontrol show job`` says (lower-cased) of an id it does not know: never submitted, or
 finished longer than ``MinJobAge`` ago (``slurm_load_jobs error: Invalid job id specified``)."""
@@ -227,6 +228,14 @@ class JobRecord:
     def running(self) -> bool:
         """The job runs on its nodes now."""
         return self.state == RUNNING
+
+    @property
+    def placed(self) -> bool:
+        """The job runs, or ran until it ended (``COMPLETING``, ``FAILED``, ``NODE_FAIL``,
+        ``CANCELLED``...), on the nodes of its ``NodeList``. A fault often kills its job before
+        Minder acts: the node still ran it. Slurm forgets an ended job after ``MinJobAge``
+        (300 s by default)."""
+        return bool(self.node_list) and self.state != PENDING
 
 
 def parse_show_job(output: str) -> list[JobRecord]:
@@ -521,11 +530,13 @@ class SlurmActuator:
     # -- the scheduler's view ---------------------------------------------------------------
 
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
-        """The nodes Slurm job ``job_id`` runs on now (:class:`~minder.actions.base.SchedulerView`).
+        """The nodes Slurm job ``job_id`` runs on, or ran on until it ended and Slurm still
+        knows it (:class:`~minder.actions.base.SchedulerView`).
 
         ``scontrol show job <id>``, then ``scontrol show hostnames`` for a ``NodeList`` with a
-        range (a plain list needs no second call). None when Slurm knows no running job of that
-        id: not a Slurm job id (see the module docstring), unknown, finished, pending, suspended.
+        range (a plain list needs no second call). None when Slurm knows no such placed job: not a
+        Slurm job id (see the module docstring), unknown, pending, or ended longer ago than
+        ``MinJobAge``.
 
         Raises
         ------
@@ -549,11 +560,11 @@ class SlurmActuator:
             raise ActionError(
                 f"slurm: cannot read job {job_id!r}: {excerpt(str(exc))}", transient=False
             ) from None
-        running = [record for record in records if record.running]
-        if not running:
+        placed = [record for record in records if record.placed]
+        if not placed:
             return None
         nodes: set[str] = set()
-        for record in running:
+        for record in placed:
             nodes |= self.expand_hostlist(record.node_list)
         return frozenset(nodes)
 

@@ -2,7 +2,7 @@
 agents sign with (docs/security.md).
 
 Rotation without a gap: ``rotate`` adds a key (the service accepts every key of its file, so
-restart or reload it), ``node`` hands out node keys made from the new key, and ``retire``
+restart it), ``node`` hands out node keys made from the new key, and ``retire``
 removes the old key once every agent signs with the new one
 (``minder_batches_unauthenticated_total{reason="unknown_key"}`` stays at 0 after the retire).
 """
@@ -27,6 +27,9 @@ keys_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+SECRET_MAX_BYTES = 1 << 20
+"""The most data one Kubernetes Secret holds."""
 
 KeysFile = Annotated[Path, typer.Argument(help="the cluster key file (the service's)")]
 KidOption = Annotated[
@@ -155,10 +158,16 @@ def node_command(
             return
         data = {
             node_key_file_name(name): base64.b64encode(
-                format_node_key(key.node_key(name)).encode()
+                format_node_key(key.node_key(name), comment=False).encode()
             ).decode()
             for name in names
         }
+        size = sum(len(name) + len(value) for name, value in data.items())
+        if size > SECRET_MAX_BYTES:
+            raise ValidationError(
+                f"{len(names)} node keys make a Secret of {size} bytes: Kubernetes takes at most "
+                f"{SECRET_MAX_BYTES}; expected one Secret per node pool (--nodes-file of a pool)"
+            )
     except (ValidationError, OSError) as exc:
         raise fail(exc) from None
     secret = {

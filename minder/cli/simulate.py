@@ -125,6 +125,11 @@ def _publish(
     sent = 0
     start = time.time() + 1.0 if realtime else None
     signer = None if keys_file is None else FleetSigner(load_cluster_keys(keys_file)[-1])
+    if signer is None:
+        err.print(
+            "warning: publishing UNSIGNED batches (no --keys-file or MINDER_AUTH__KEYS_FILE): a "
+            "service that requires signatures (the default) dead-letters them"
+        )
     with (
         BatchProducer(
             kafka.bootstrap,

@@ -58,9 +58,11 @@ _SCHEME_BYTES = SCHEME.encode()
 SECRET_BYTES = 32
 """Length of a cluster secret (and of every derived node key)."""
 MAX_NODE_BYTES = 256
+CLOCK_STEP_NS = 60 * 10**9
+"""A signer whose clock went back more than this restarts its sequence from the new time."""
 MAX_HEADER_BYTES = 512
 _KID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_BAD_NODE = re.compile("[;\n\r\0]")
+_BAD_NODE = re.compile(r"[;\s\x00-\x1f\x7f]")
 _NODE_KEY_LABEL = b"minder-node-key-v1\n"
 _BATCH_LABEL = b"minder-batch-v1\n"
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
@@ -121,7 +123,8 @@ def check_node(node: str) -> bytes:
     raw = node.encode("utf-8", errors="surrogatepass")
     if not raw or len(raw) > MAX_NODE_BYTES or _BAD_NODE.search(node):
         raise ValidationError(
-            f"node {node[:80]!r}: expected 1-{MAX_NODE_BYTES} bytes without ';' or line breaks"
+            f"node {node[:80]!r}: expected 1-{MAX_NODE_BYTES} bytes without ';', spaces or "
+            "control characters"
         )
     return raw
 
@@ -179,12 +182,13 @@ def format_cluster_keys(keys: Sequence[ClusterKey]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_node_key(key: NodeKey) -> str:
-    """The text of a node key file: one ``<kid> <node> <secret>`` line."""
-    return (
-        "# Minder node key: this node's agent signs its batches with it (mode 0600).\n"
-        f"{key.kid} {key.node} {_b64(key.secret)}\n"
-    )
+def format_node_key(key: NodeKey, *, comment: bool = True) -> str:
+    """The text of a node key file: one ``<kid> <node> <secret>`` line (after a comment line
+    unless ``comment`` is false: a Kubernetes Secret holds thousands of them)."""
+    line = f"{key.kid} {key.node} {_b64(key.secret)}\n"
+    if not comment:
+        return line
+    return "# Minder node key: this node's agent signs its batches with it (mode 0600).\n" + line
 
 
 def _lines(path: Path) -> list[tuple[int, list[str]]]:
@@ -195,9 +199,10 @@ def _lines(path: Path) -> list[tuple[int, list[str]]]:
         raise KeyFileError(
             f"key file {str(path)[:200]!r} cannot be read: {exc.__class__.__name__}"
         ) from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO) and not stat.S_ISLNK(mode):
+    # Group read is how Kubernetes lets a pod's fsGroup read a mounted Secret (mode 0440).
+    if mode & (stat.S_IRWXO | stat.S_IWGRP):
         logger.warning(
-            "key file %s can be read by others (mode %o): expected 0600 or 0400",
+            "key file %s can be read or written by others (mode %o): expected 0600, 0400 or 0440",
             str(path)[:200],
             stat.S_IMODE(mode),
         )
@@ -334,7 +339,19 @@ class Signer:
 
     def next_seq(self) -> int:
         with self._lock:
-            self._last = max(self._clock_ns(), self._last + 1)
+            now = self._clock_ns()
+            if self._last - now > CLOCK_STEP_NS:
+                # The clock stepped back (NTP corrected a clock that ran ahead): following the
+                # old one would date every batch outside the service's window until it caught up.
+                logger.warning(
+                    "the clock stepped back %.0f s: signing from the new time (the service may "
+                    "refuse up to %.0f s of batches of this node as replays)",
+                    (self._last - now) / 1e9,
+                    (self._last - now) / 1e9,
+                )
+                self._last = now
+            else:
+                self._last = max(now, self._last + 1)
             return self._last
 
     def header(self, payload: bytes) -> tuple[str, bytes]:
@@ -418,15 +435,23 @@ class Verifier:
         self._cache: OrderedDict[tuple[str, str], bytes] = OrderedDict()
         self._cache_size = cache_size
 
-    def _node_secret(self, kid: str, node: str) -> bytes:
+    def _node_secret(self, kid: str, node: str) -> tuple[bytes, bool]:
+        """The node's key, and whether it came from the cache (a derived key is cached only
+        once a signature made with it held, so forged node names cannot churn the cache)."""
         cached = self._cache.get((kid, node))
         if cached is not None:
-            return cached
-        secret = self.keys[kid].node_key(node).secret
+            return cached, True
+        return self.keys[kid].node_key(node).secret, False
+
+    @property
+    def cached_node_keys(self) -> int:
+        """Derived node keys kept (only those whose signature held once)."""
+        return len(self._cache)
+
+    def _remember(self, kid: str, node: str, secret: bytes) -> None:
         self._cache[(kid, node)] = secret
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
-        return secret
 
     def verify(self, header: bytes | None, payload: bytes) -> Verified:
         """The signer of ``payload``.
@@ -468,12 +493,15 @@ class Verifier:
                 f"{', '.join(sorted(self.keys))[:200]}",
             )
         seq = int(seq_raw)
-        expected = _mac(self._node_secret(kid, node), kid, node_raw, seq, payload)
+        secret, cached = self._node_secret(kid, node)
+        expected = _mac(secret, kid, node_raw, seq, payload)
         if not hmac.compare_digest(base64.urlsafe_b64encode(expected).rstrip(b"="), mac_raw):
             raise AuthError(
                 AuthReason.BAD_SIGNATURE,
                 f"batch of node {_shown(node)}: signature does not match (key {kid})",
             )
+        if not cached:
+            self._remember(kid, node, secret)
         signed_at = seq / 1e9
         now = self._clock()
         if signed_at > now + self.max_skew_s or signed_at < now - self.max_age_s:
@@ -499,15 +527,19 @@ class ReplayGuard:
     drops them when the poll is redelivered (a redelivery is not a replay).
     """
 
-    def __init__(self, max_nodes: int = 1_000_000) -> None:
-        self._high: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._pending: dict[tuple[str, str], int] = {}
+    def __init__(self, max_nodes: int = 500_000) -> None:
+        self._high: OrderedDict[tuple[bytes, str], int] = OrderedDict()
+        self._pending: dict[tuple[bytes, str], int] = {}
         self._max_nodes = max_nodes
 
     def check(self, verified: Verified, job: str) -> None:
         """Take ``verified`` (a batch of ``job``) into this poll, or raise AuthError
         (replayed)."""
-        key = (job, verified.node)
+        # A digest of the job id, not the id: a node key holder picks job ids of any length.
+        key = (
+            hashlib.blake2b(job.encode(errors="replace"), digest_size=16).digest(),
+            verified.node,
+        )
         high = max(self._pending.get(key, 0), self._high.get(key, 0))
         if verified.seq <= high:
             raise AuthError(

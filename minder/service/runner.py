@@ -35,7 +35,7 @@ class DetectionWorker:
         self._offset_keys: set[tuple[str, int]] = set()
         service.metrics.init_reasons(REASON_CLASSES)
         self._seen_auth: Counter[str] = Counter()
-        self._seen_verified = 0
+        self._seen_verified: Counter[str] = Counter()
         if consumer.authenticator is not None:
             service.metrics.init_auth(self._auth_action())
         self.polls = 0
@@ -76,8 +76,11 @@ class DetectionWorker:
                 if delta:
                     metrics.unauthenticated.labels(reason=reason, action=action).inc(delta)
                     self._seen_auth[reason] = count
-            metrics.batches_verified.inc(auth.verified - self._seen_verified)
-            self._seen_verified = auth.verified
+            for kid, count in list(auth.verified_by_kid.items()):
+                delta = count - self._seen_verified[kid]
+                if delta:
+                    metrics.batches_verified.labels(kid=kid).inc(delta)
+                    self._seen_verified[kid] = count
         dead_failed, handler_failed, skipped = self._seen_retries
         metrics.deadletter_failures.inc(stats.deadletter_failures - dead_failed)
         metrics.handler_failures.inc(stats.handler_failures - handler_failed)

@@ -105,7 +105,9 @@ class ServiceMetrics:
         )
         self.batches_verified = Counter(
             "minder_batches_verified_total",
-            "Batches whose signature held (their node's key, a new sequence number)",
+            "Batches whose signature held (their node's key, a new sequence number), by the "
+            "cluster key id they were signed under",
+            ["kid"],
             registry=r,
         )
         self.dead_letters = Counter(

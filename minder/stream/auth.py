@@ -65,6 +65,9 @@ class BatchAuthenticator:
         self.failures: Counter[str] = Counter(dict.fromkeys(AUTH_REASONS, 0))
         """Messages that failed a check, by reason (each message once; both modes)."""
         self.verified = 0
+        self.verified_by_kid: Counter[str] = Counter()
+        """Verified batches per cluster key id: a rotation retires a key once its count stops
+        rising."""
         self._clock = clock
         self._logged_at = -LOG_EVERY_S
         self._since_log: Counter[str] = Counter()
@@ -143,6 +146,7 @@ class BatchAuthenticator:
             self._failed(exc, key)
             return
         self.verified += 1
+        self.verified_by_kid[verified.kid] += 1
 
     def _failed(self, exc: AuthError, key: Hashable = None) -> None:
         if key is not None and key in self._counted:

@@ -444,7 +444,9 @@ class BatchConsumer:
             return PollOutcome(n_messages, 0, len(sends), committed=False, error=error)
 
         committed = self._commit(fetched)
-        if auth is not None:
+        if auth is not None and committed:
+            # Kept pending while the offsets are not committed: after a rebalance the group
+            # resumes from the last commit, and those messages come again (no replays).
             auth.commit()
         for tp, records in fetched.items():
             self._offsets[tp] = records[-1].offset + 1
@@ -739,6 +741,8 @@ class BatchConsumer:
         lost its data and was restarted: Tansu keeps everything in memory).
         """
         targets, self._reposition = self._reposition, set()
+        if self.authenticator is not None:
+            self.authenticator.rollback()  # what follows the last commit is delivered again
         owned = self._consumer.assignment()
         done: set[TopicPartition] = set()
         for tp in sorted(targets & owned):

@@ -405,10 +405,20 @@ def test_job_nodes_split_a_plain_node_list_without_a_second_call(tmp_path: Path)
     assert log.read_text().splitlines() == ["show job 1"]
 
 
-def test_a_job_that_does_not_run_has_no_nodes(tmp_path: Path) -> None:
-    for state in ("PENDING", "COMPLETED", "CANCELLED", "SUSPENDED", "COMPLETING"):
+def test_a_pending_job_has_no_nodes(tmp_path: Path) -> None:
+    pending = SHOW_JOB_RUNNING.replace("RUNNING", "PENDING")
+    script, _ = _fake_show_job(tmp_path, pending)
+    assert SlurmActuator(scontrol=script).job_nodes("1") is None
+    unplaced = SHOW_JOB_RUNNING.replace("NodeList=demo-n0023", "NodeList=(null)")
+    script, _ = _fake_show_job(tmp_path, unplaced)
+    assert SlurmActuator(scontrol=script).job_nodes("1") is None
+
+
+def test_a_job_a_fault_ended_still_names_the_nodes_it_ran_on(tmp_path: Path) -> None:
+    """An XID often kills its job before Minder acts: the node did run it."""
+    for state in ("NODE_FAIL", "FAILED", "CANCELLED", "COMPLETING", "COMPLETED", "SUSPENDED"):
         script, _ = _fake_show_job(tmp_path, SHOW_JOB_RUNNING.replace("RUNNING", state))
-        assert SlurmActuator(scontrol=script).job_nodes("1") is None, state
+        assert SlurmActuator(scontrol=script).job_nodes("1") == {"demo-n0023"}, state
 
 
 def test_unreadable_job_output_is_a_permanent_error(tmp_path: Path) -> None:
@@ -676,7 +686,8 @@ class TestCheckedAgainstRealSlurm:
         assert actuator.job_nodes(two) == {"demo-n0024", "demo-n0025"}  # a range, expanded
         assert actuator.job_nodes("999999") is None
         cluster.cancel_job(one)
-        assert actuator.job_nodes(one) is None  # cancelled: no longer running
+        # cancelled (as a fault may end it): it ran there, Slurm still knows it for MinJobAge
+        assert actuator.job_nodes(one) == {"demo-n0023"}
 
     def test_a_stopped_controller_makes_the_check_transient(
         self, cluster: SlurmCluster, actuator: SlurmActuator

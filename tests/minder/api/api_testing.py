@@ -29,14 +29,21 @@ def uvicorn_serving(app: Any, **config: Any) -> Iterator[int]:
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config)
     )
+    with running(server):
+        yield port
+
+
+@contextmanager
+def running(server: uvicorn.Server) -> Iterator[None]:
+    """Run ``server`` in a thread until the block ends; fail if it does not start in 10 s."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
-        yield port
+        yield
     finally:
         server.should_exit = True
         thread.join(10)

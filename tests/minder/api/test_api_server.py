@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_testing import free_port
+from api_testing import free_port, running
 from fastapi import FastAPI
 
 from minder.api.server import (
@@ -57,17 +57,8 @@ def serving(limits: ServerLimits) -> Iterator[int]:
     """:func:`api_server` of :func:`small_app` on a free loopback port, in a thread."""
     port = free_port()
     server = api_server(small_app(), host="127.0.0.1", port=port, limits=limits)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
+    with running(server):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def read_until_closed(sock: socket.socket, wait_s: float) -> tuple[float, bytes]:

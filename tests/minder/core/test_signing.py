@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,9 @@ def test_a_signed_batch_names_its_signer() -> None:
 @settings(max_examples=200, deadline=None)
 @given(
     node=st.text(
-        alphabet=st.characters(blacklist_characters=";\n\r\0", blacklist_categories=("Cs",)),
+        alphabet=st.characters(
+            blacklist_characters=";", blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp")
+        ),
         min_size=1,
         max_size=40,
     ),
@@ -256,3 +260,63 @@ def test_the_agent_finds_its_systemd_credential(
 def test_keys_never_show_their_secret() -> None:
     assert KEY.secret.hex() not in repr(KEY)
     assert KEY.node_key("n").secret.hex() not in repr(KEY.node_key("n"))
+
+
+def test_the_replay_guard_keeps_no_job_id_a_signer_chose() -> None:
+    """A node key holder picks job ids of any length: the guard keeps a digest."""
+    tracemalloc.start()
+    guard = ReplayGuard()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(20):
+        guard.check(Verified("n", "k", 1), f"{i}" + "x" * 1_000_000)
+    guard.commit()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 100_000, grown
+    with pytest.raises(AuthError):
+        guard.check(Verified("n", "k", 1), "0" + "x" * 1_000_000)
+
+
+def test_forged_node_names_do_not_fill_the_key_cache() -> None:
+    check = verifier()
+    for i in range(50):
+        forged = signed(f"ghost-{i}", b"p", ClusterKey("k1", bytes(32)))
+        with pytest.raises(AuthError):
+            check.verify(forged, b"p")
+    assert check.cached_node_keys == 0
+    check.verify(signed("real", b"p"), b"p")
+    assert check.cached_node_keys == 1
+
+
+def test_a_clock_stepped_back_restarts_the_sequence(caplog: pytest.LogCaptureFixture) -> None:
+    now = [int(NOW * 1e9) + 3600 * 10**9]  # booted an hour ahead
+    signer = Signer(KEY.node_key("n"), lambda: now[0])
+    ahead = signer.next_seq()
+    now[0] = int(NOW * 1e9)  # NTP corrects it
+    with caplog.at_level(logging.WARNING):
+        corrected = signer.next_seq()
+    assert corrected == int(NOW * 1e9) < ahead
+    assert "stepped back 3600 s" in caplog.text
+    now[0] -= 10**9  # a small step back keeps the sequence increasing
+    assert signer.next_seq() == corrected + 1
+
+
+@pytest.mark.parametrize("node", ["gpu 01", "gpu\t1", "gpu\x0c1", "a;b", ""])
+def test_node_names_that_a_key_file_could_not_hold_are_refused(node: str) -> None:
+    with pytest.raises(ValidationError):
+        KEY.node_key(node)
+
+
+def test_group_readable_key_files_are_fine_world_readable_ones_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "node.key"
+    path.write_text(format_node_key(KEY.node_key("n")))
+    path.chmod(0o440)  # a Kubernetes Secret mounted for fsGroup
+    with caplog.at_level(logging.WARNING):
+        load_node_key(path)
+    assert caplog.text == ""
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING):
+        load_node_key(path)
+    assert "can be read or written by others" in caplog.text

@@ -110,7 +110,9 @@ def test_fault_batches_become_stored_alerts_served_by_the_api(broker, database_u
         assert 'minder_decode_failures_total{reason="undecodable"} 1.0' in metrics
         assert "minder_machine_score{" in metrics
         # every batch was signed by its node: verified, none refused
-        verified = re.search(r"^minder_batches_verified_total (\S+)$", metrics, re.MULTILINE)
+        verified = re.search(
+            r'^minder_batches_verified_total\{kid="test"\} (\S+)$', metrics, re.MULTILINE
+        )
         assert verified is not None and float(verified.group(1)) > 0
         assert (
             'minder_batches_unauthenticated_total{action="dead_lettered",reason="unsigned"} 0.0'
