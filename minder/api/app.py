@@ -166,6 +166,8 @@ def create_app(
         cors_origins=cors_origins,
         body_timeout_s=body_timeout_s,
         body_min_rate=body_min_rate,
+        api_token=token,
+        open_access=open_access,
     )
     app.state.minder = ApiContext(
         session_factory=session_factory,

@@ -8,13 +8,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
 from minder.api.schemas import InvalidInput, Problem
+from minder.api.security import (
+    MISSING_TOKEN_DETAIL,
+    NO_TOKEN_DETAIL,
+    WRONG_TOKEN_DETAIL,
+    foreign_origin,
+)
 from minder.api.whatif_inputs import ScratchSpace, relative_to_roots
 from minder.api.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
@@ -120,11 +125,6 @@ Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="items to skip")]
 _bearer = HTTPBearer(auto_error=False, description="the API token (MINDER_API__TOKEN)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
-NO_TOKEN_DETAIL = (
-    "changes are disabled on this server: it has no API token. Set MINDER_API__TOKEN on the "
-    "server and send 'Authorization: Bearer <token>', or set MINDER_API__OPEN=true to allow "
-    "changes without a token"
-)
 
 MUTATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": Problem, "description": "a body that cannot be read (not UTF-8 JSON)"},
@@ -163,31 +163,24 @@ def _check_bearer(token: str, credentials: HTTPAuthorizationCredentials | None) 
     if credentials is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            "this endpoint needs 'Authorization: Bearer <token>'",
+            MISSING_TOKEN_DETAIL,
             headers={"WWW-Authenticate": "Bearer"},
         )
     if not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
-            "the bearer token is not valid",
+            WRONG_TOKEN_DETAIL,
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
 
 
 def _refuse_foreign_origin(request: Request, context: ApiContext) -> None:
     """A browser's change from another site (its ``Origin``) is refused unless allowed (CSRF)."""
-    origin = request.headers.get("origin")
-    if origin is None or origin in context.cors_origins:
-        return
-    host = request.headers.get("host", "")
-    if origin != "null" and urlsplit(origin).netloc.lower() == host.lower():
-        return  # same origin: the API's own pages (/docs)
-    shown = origin if len(origin) <= 80 else origin[:77] + "..."
-    raise HTTPException(
-        status.HTTP_403_FORBIDDEN,
-        f"cross-origin change from origin {shown!r} refused: expected a request without an "
-        "Origin, from this server's own pages, or from an origin of MINDER_API__CORS_ORIGINS",
+    refused = foreign_origin(
+        request.headers.get("origin"), request.headers.get("host", ""), context.cors_origins
     )
+    if refused is not None:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, refused)
 
 
 def require_token(request: Request, context: Context, credentials: Credentials) -> None:

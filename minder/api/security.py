@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, status
 from starlette.middleware.cors import CORSMiddleware
@@ -130,12 +132,96 @@ class BodyTimeoutMiddleware:
             await _plain_error(send, exc)
 
 
+NO_TOKEN_DETAIL = (
+    "changes are disabled on this server: it has no API token. Set MINDER_API__TOKEN on the "
+    "server and send 'Authorization: Bearer <token>', or set MINDER_API__OPEN=true to allow "
+    "changes without a token"
+)
+MISSING_TOKEN_DETAIL = "this endpoint needs 'Authorization: Bearer <token>'"
+WRONG_TOKEN_DETAIL = "the bearer token is not valid"
+CHANGE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def foreign_origin(origin: str | None, host: str, cors_origins: Sequence[str]) -> str | None:
+    """Why a change from browser ``origin`` is refused (CSRF), or None: no Origin, an allowed
+    one, or the API's own pages (same host)."""
+    if origin is None or origin in cors_origins:
+        return None
+    if origin != "null" and urlsplit(origin).netloc.lower() == host.lower():
+        return None  # same origin: the API's own pages (/docs)
+    shown = origin if len(origin) <= 80 else origin[:77] + "..."
+    return (
+        f"cross-origin change from origin {shown!r} refused: expected a request without an "
+        "Origin, from this server's own pages, or from an origin of MINDER_API__CORS_ORIGINS"
+    )
+
+
+class EarlyTokenMiddleware:
+    """Refuse a change without the right token before its body is read.
+
+    The routes check the token (:func:`minder.api.deps.require_token`), but FastAPI reads a
+    request's body before its dependencies run: a client without the token could otherwise
+    hold a connection for as long as it trickles a body at the minimum rate. This answers such
+    a request at once (401, or 403 when the server has no token and is not open) and closes the
+    connection; the routes keep their full check (origin and all).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        open_access: bool,
+        cors_origins: Sequence[str] = (),
+    ) -> None:
+        self.app = app
+        self.token = None if token is None else token.encode()
+        self.open_access = open_access
+        self.cors_origins = list(cors_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in CHANGE_METHODS
+            or not scope["path"].startswith("/api/")
+        ):
+            await self.app(scope, receive, send)
+            return
+        headers = {k: v for k, v in scope["headers"] if k in (b"origin", b"host", b"authorization")}
+        origin = headers.get(b"origin")
+        refused = foreign_origin(
+            None if origin is None else origin.decode("latin-1"),
+            headers.get(b"host", b"").decode("latin-1"),
+            self.cors_origins,
+        )
+        if refused is not None:  # as the route would answer, first (CSRF)
+            await _plain_error(send, HTTPException(403, refused))
+            return
+        if self.token is None and self.open_access:
+            await self.app(scope, receive, send)
+            return
+        if self.token is None:
+            await _plain_error(send, HTTPException(403, NO_TOKEN_DETAIL))
+            return
+        given = headers.get(b"authorization")
+        scheme, _, credentials = (given or b"").partition(b" ")
+        if given is None or scheme.lower() != b"bearer":
+            challenge = {"WWW-Authenticate": "Bearer"}
+            await _plain_error(send, HTTPException(401, MISSING_TOKEN_DETAIL, challenge))
+            return
+        if not secrets.compare_digest(credentials.strip(), self.token):
+            challenge = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            await _plain_error(send, HTTPException(401, WRONG_TOKEN_DETAIL, challenge))
+            return
+        await self.app(scope, receive, send)
+
+
 async def _plain_error(send: Send, exc: HTTPException) -> None:
     body = json.dumps({"detail": exc.detail}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
+        *((k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()),
     ]
     await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -168,8 +254,11 @@ def install_http_guards(
     cors_origins: Sequence[str],
     body_timeout_s: float,
     body_min_rate: int = DEFAULT_BODY_MIN_RATE,
+    api_token: str | None = None,
+    open_access: bool = False,
 ) -> None:
-    """Add the middlewares, outermost first: Host check, CORS, body timeout.
+    """Add the middlewares, outermost first: Host check, CORS, body timeout, the early token
+    check of changes.
 
     ``allowed_hosts`` ``None`` checks no Host; ``cors_origins`` empty allows no cross-origin
     request (a preflight gets 400 and no ``Access-Control-Allow-Origin``).
@@ -180,6 +269,9 @@ def install_http_guards(
         raise ValidationError(f"body minimum rate {body_min_rate}: expected at least 1 byte/s")
     hosts = None if allowed_hosts is None else check_host_patterns(allowed_hosts)
     # add_middleware puts each one outside those added before
+    app.add_middleware(
+        EarlyTokenMiddleware, token=api_token, open_access=open_access, cors_origins=cors_origins
+    )
     app.add_middleware(BodyTimeoutMiddleware, timeout_s=body_timeout_s, min_rate=body_min_rate)
     app.add_middleware(
         CORSMiddleware,

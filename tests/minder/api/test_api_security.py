@@ -662,3 +662,44 @@ def test_the_cli_client_says_why_a_change_is_refused(
         assert "refused the host name of" in str(host.value)
         assert "MINDER_API__ALLOWED_HOSTS" in str(host.value)
     assert status_of(sessions, alert_id) is AlertStatus.OPEN
+
+
+@pytest.mark.parametrize(
+    ("authorization", "expected"),
+    [
+        ("", b"this endpoint needs 'Authorization: Bearer <token>'"),
+        ("Authorization: Bearer wrong\r\n", b"the bearer token is not valid"),
+        ("Authorization: Basic dXNlcjpwYXNz\r\n", b"this endpoint needs"),
+    ],
+)
+def test_a_change_without_the_token_is_refused_before_its_body_is_read(
+    sessions: SessionFactory, alert_id: str, authorization: str, expected: bytes
+) -> None:
+    """A client without the token cannot hold a connection by trickling a body: 401 at once."""
+    app = create_app(sessions, registry=CollectorRegistry(), api_token=TOKEN, body_timeout_s=30)
+    body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
+    head = (
+        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with uvicorn_serving(app) as port:
+        elapsed, answer = trickled_exchange(port, head, body, 5, 0.2)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
+    assert expected in answer and b"www-authenticate: bearer" in answer.lower()
+    assert elapsed < 1.0, elapsed  # the 400-byte body would take 16 s at this pace
+    assert status_of(sessions, alert_id) is AlertStatus.OPEN
+
+
+def test_without_a_token_a_change_is_refused_before_its_body_is_read(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    app = create_app(sessions, registry=CollectorRegistry(), body_timeout_s=30)
+    body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
+    head = (
+        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with uvicorn_serving(app) as port:
+        elapsed, answer = trickled_exchange(port, head, body, 5, 0.2)
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"MINDER_API__TOKEN" in answer, answer[:300]
+    assert elapsed < 1.0, elapsed

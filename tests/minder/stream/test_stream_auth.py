@@ -162,3 +162,29 @@ def test_required_mode_raises_permissive_returns_none() -> None:
     assert lenient.check([header], b"p", key=("t", 1)) is None
     assert lenient.check([header], b"p", key=("t", 1)) is None
     assert lenient.failures["bad_signature"] == 2
+
+
+def test_after_a_failed_commit_and_a_rebalance_the_batches_again_are_no_replays(
+    broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, consume_until
+) -> None:
+    """A commit fails (a rebalance under way), the group resumes from the last commit, and the
+    same batches come again to this consumer: taken, not dead-lettered as replays."""
+    metrics, deadletter = topics
+    now = time.time()
+    with BatchProducer(broker.bootstrap, topic=metrics, signer=FleetSigner(KEY)) as producer:
+        for i in range(4):
+            producer.send(make_batch("job", "n0", now + i))
+        producer.flush(10)
+    received: list[NodeBatch] = []
+    with make_consumer(group_id, authenticator=authenticator()) as consumer:
+        real_commit = consumer._commit
+        consumer._commit = lambda fetched: False  # type: ignore[method-assign]
+        consume_until(consumer, received.extend, lambda: len(received) >= 4)
+        consumer._commit = real_commit  # type: ignore[method-assign]
+        # the rebalance: every partition repositioned to the group's (absent) commit
+        consumer._reposition = {tp for tp in consumer._consumer.assignment()}
+        consume_until(consumer, received.extend, lambda: len(received) >= 8)
+        auth = consumer.authenticator
+        assert auth is not None and sum(auth.failures.values()) == 0, auth.failures
+    assert len(received) == 8  # each batch twice: at least once, never refused
+    assert read_dead_letters(broker.bootstrap, deadletter) == []
