@@ -214,15 +214,27 @@ def _lines(path: Path) -> list[tuple[int, list[str]]]:
     return rows
 
 
+def _line_error(path: Path, number: int, problem: str) -> KeyFileError:
+    return KeyFileError(f"{str(path)[:200]} line {number}: {problem}")
+
+
+def _fields(path: Path, number: int, fields: list[str], expected: str) -> tuple[str, ...]:
+    """The fields of a key line: as many as ``expected`` names, a valid key id first."""
+    if len(fields) != len(expected.split()):
+        raise _line_error(path, number, f"{len(fields)} fields, expected '{expected}'")
+    if not _KID.match(fields[0]):
+        raise _line_error(path, number, f"key id {fields[0][:80]!r} is invalid")
+    return tuple(fields)
+
+
 def _secret(path: Path, number: int, text: str) -> bytes:
     try:
         raw = _unb64(text)
     except (ValueError, TypeError):
         raw = b""
     if len(raw) != SECRET_BYTES:
-        raise KeyFileError(
-            f"{str(path)[:200]} line {number}: the secret is not {SECRET_BYTES} bytes of "
-            "base64url (value not shown)"
+        raise _line_error(
+            path, number, f"the secret is not {SECRET_BYTES} bytes of base64url (value not shown)"
         )
     return raw
 
@@ -237,16 +249,10 @@ def load_cluster_keys(path: Path) -> list[ClusterKey]:
     """
     keys: list[ClusterKey] = []
     for number, fields in _lines(path):
-        if len(fields) != 2:
-            raise KeyFileError(
-                f"{str(path)[:200]} line {number}: {len(fields)} fields, expected '<kid> <secret>'"
-            )
-        kid = fields[0]
-        if not _KID.match(kid):
-            raise KeyFileError(f"{str(path)[:200]} line {number}: key id {kid[:80]!r} is invalid")
+        kid, secret = _fields(path, number, fields, "<kid> <secret>")
         if any(key.kid == kid for key in keys):
-            raise KeyFileError(f"{str(path)[:200]} line {number}: key id {kid!r} appears twice")
-        keys.append(ClusterKey(kid, _secret(path, number, fields[1])))
+            raise _line_error(path, number, f"key id {kid!r} appears twice")
+        keys.append(ClusterKey(kid, _secret(path, number, secret)))
     if not keys:
         raise KeyFileError(
             f"key file {str(path)[:200]!r} holds no key: expected '<kid> <secret>' lines"
@@ -264,19 +270,12 @@ def load_node_key(path: Path) -> NodeKey:
     """
     key: NodeKey | None = None
     for number, fields in _lines(path):
-        if len(fields) != 3:
-            raise KeyFileError(
-                f"{str(path)[:200]} line {number}: {len(fields)} fields, expected "
-                "'<kid> <node> <secret>'"
-            )
-        kid, node = fields[0], fields[1]
-        if not _KID.match(kid):
-            raise KeyFileError(f"{str(path)[:200]} line {number}: key id {kid[:80]!r} is invalid")
+        kid, node, secret = _fields(path, number, fields, "<kid> <node> <secret>")
         try:
             check_node(node)
         except ValidationError as exc:
-            raise KeyFileError(f"{str(path)[:200]} line {number}: {exc}") from None
-        key = NodeKey(kid, node, _secret(path, number, fields[2]))
+            raise _line_error(path, number, str(exc)) from None
+        key = NodeKey(kid, node, _secret(path, number, secret))
     if key is None:
         raise KeyFileError(
             f"key file {str(path)[:200]!r} holds no key: expected a '<kid> <node> <secret>' line"
@@ -343,11 +342,12 @@ class Signer:
             if self._last - now > CLOCK_STEP_NS:
                 # The clock stepped back (NTP corrected a clock that ran ahead): following the
                 # old one would date every batch outside the service's window until it caught up.
+                step_s = (self._last - now) / 1e9
                 logger.warning(
                     "the clock stepped back %.0f s: signing from the new time (the service may "
                     "refuse up to %.0f s of batches of this node as replays)",
-                    (self._last - now) / 1e9,
-                    (self._last - now) / 1e9,
+                    step_s,
+                    step_s,
                 )
                 self._last = now
             else:

@@ -64,14 +64,12 @@ class BatchAuthenticator:
         self.guard = ReplayGuard()
         self.failures: Counter[str] = Counter(dict.fromkeys(AUTH_REASONS, 0))
         """Messages that failed a check, by reason (each message once; both modes)."""
-        self.verified = 0
         self.verified_by_kid: Counter[str] = Counter()
         """Verified batches per cluster key id: a rotation retires a key once its count stops
         rising."""
         self._clock = clock
         self._logged_at = -LOG_EVERY_S
         self._since_log: Counter[str] = Counter()
-        self._last_message = ""
         self._counted: set[Hashable] = set()  # messages counted since the last commit
 
     @classmethod
@@ -89,7 +87,8 @@ class BatchAuthenticator:
         Without keys: required mode raises ValidationError (one line naming the settings);
         permissive mode returns None after a warning (nothing can be verified).
         """
-        keys = service_cluster_keys(path, required=AuthMode(mode) is AuthMode.REQUIRED)
+        chosen = AuthMode(mode)
+        keys = service_cluster_keys(path, required=chosen is AuthMode.REQUIRED)
         if keys is None:
             logger.warning(
                 "batch signatures are not checked: permissive mode and no cluster key file "
@@ -100,10 +99,10 @@ class BatchAuthenticator:
         verifier = Verifier(keys, max_age_s=max_age_s, max_skew_s=max_skew_s)
         logger.info(
             "batch signatures %s; cluster keys %s",
-            "required" if AuthMode(mode) is AuthMode.REQUIRED else "checked (permissive mode)",
+            "required" if chosen is AuthMode.REQUIRED else "checked (permissive mode)",
             ", ".join(key.kid for key in keys),
         )
-        return cls(verifier, AuthMode(mode))
+        return cls(verifier, chosen)
 
     def check(
         self,
@@ -145,32 +144,37 @@ class BatchAuthenticator:
         except AuthError as exc:
             self._failed(exc, key)
             return
-        self.verified += 1
         self.verified_by_kid[verified.kid] += 1
 
+    @property
+    def verified(self) -> int:
+        """Batches whose signature held, all key ids together."""
+        return sum(self.verified_by_kid.values())
+
     def _failed(self, exc: AuthError, key: Hashable = None) -> None:
-        if key is not None and key in self._counted:
-            if self.mode is AuthMode.REQUIRED:
-                raise exc
-            return
-        if key is not None:
-            self._counted.add(key)
-        self.failures[exc.reason.value] += 1
-        self._since_log[exc.reason.value] += 1
-        self._last_message = str(exc)
-        now = self._clock()
-        if now - self._logged_at >= LOG_EVERY_S:
-            self._logged_at = now
-            counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self._since_log.items()))
-            self._since_log.clear()
-            logger.warning(
-                "unauthenticated batches %s (%s); latest: %s",
-                "dead-lettered" if self.mode is AuthMode.REQUIRED else "accepted (permissive mode)",
-                counts,
-                self._last_message[:300],
-            )
+        """Count and log ``exc`` (once per message ``key``); raise it in required mode."""
+        if key is None or key not in self._counted:
+            if key is not None:
+                self._counted.add(key)
+            self._count(exc)
         if self.mode is AuthMode.REQUIRED:
             raise exc
+
+    def _count(self, exc: AuthError) -> None:
+        self.failures[exc.reason.value] += 1
+        self._since_log[exc.reason.value] += 1
+        now = self._clock()
+        if now - self._logged_at < LOG_EVERY_S:
+            return
+        self._logged_at = now
+        counts = ", ".join(f"{n} {reason}" for reason, n in sorted(self._since_log.items()))
+        self._since_log.clear()
+        logger.warning(
+            "unauthenticated batches %s (%s); latest: %s",
+            "dead-lettered" if self.mode is AuthMode.REQUIRED else "accepted (permissive mode)",
+            counts,
+            str(exc)[:300],
+        )
 
     def commit(self) -> None:
         self.guard.commit()
