@@ -31,6 +31,14 @@ def authenticator(mode: AuthMode = AuthMode.REQUIRED) -> BatchAuthenticator:
     return BatchAuthenticator(Verifier([KEY]), mode)
 
 
+def send_signed(broker: EmbeddedBroker, topic: str, batches: list[NodeBatch]) -> None:
+    """Send ``batches`` signed with their nodes' keys under :data:`KEY`, and wait for them."""
+    with BatchProducer(broker.bootstrap, topic=topic, signer=FleetSigner(KEY)) as producer:
+        for batch in batches:
+            producer.send(batch)
+        producer.flush(10)
+
+
 def test_only_batches_signed_by_their_own_node_reach_the_handler(
     broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, consume_until
 ) -> None:
@@ -39,10 +47,7 @@ def test_only_batches_signed_by_their_own_node_reach_the_handler(
     genuine = [make_batch("job", f"n{i}", now - 5 + i, seed=i) for i in range(3)]
     forged_xid = make_batch("job", "n1", now, seed=9)
     raw = KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False)
-    with BatchProducer(broker.bootstrap, topic=metrics, signer=FleetSigner(KEY)) as producer:
-        for batch in genuine:
-            producer.send(batch)
-        producer.flush(10)
+    send_signed(broker, metrics, genuine)
     payload = encode_batch(forged_xid)
     stolen = Signer(KEY.node_key("n2"))  # node n2's real key, for a batch claiming n1
     sends = [
@@ -111,11 +116,7 @@ def test_a_redelivered_poll_is_not_a_replay(
     broker: EmbeddedBroker, topics, group_id, make_batch, make_consumer, consume_until
 ) -> None:
     metrics, deadletter = topics
-    now = time.time()
-    with BatchProducer(broker.bootstrap, topic=metrics, signer=FleetSigner(KEY)) as producer:
-        for i in range(4):
-            producer.send(make_batch("job", "n0", now + i))
-        producer.flush(10)
+    send_signed(broker, metrics, [make_batch("job", "n0", time.time() + i) for i in range(4)])
     calls = {"n": 0}
     received: list[NodeBatch] = []
 
@@ -170,11 +171,7 @@ def test_after_a_failed_commit_and_a_rebalance_the_batches_again_are_no_replays(
     """A commit fails (a rebalance under way), the group resumes from the last commit, and the
     same batches come again to this consumer: taken, not dead-lettered as replays."""
     metrics, deadletter = topics
-    now = time.time()
-    with BatchProducer(broker.bootstrap, topic=metrics, signer=FleetSigner(KEY)) as producer:
-        for i in range(4):
-            producer.send(make_batch("job", "n0", now + i))
-        producer.flush(10)
+    send_signed(broker, metrics, [make_batch("job", "n0", time.time() + i) for i in range(4)])
     received: list[NodeBatch] = []
     with make_consumer(group_id, authenticator=authenticator()) as consumer:
         real_commit = consumer._commit
