@@ -420,25 +420,31 @@ def trickled_exchange(
         return time.monotonic() - started, answer
 
 
-def patch_head(alert_id: str, length: int) -> bytes:
+def patch_head(
+    alert_id: str, length: int, authorization: str = f"Authorization: Bearer {TOKEN}\r\n"
+) -> bytes:
     return (
-        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {length}\r\n\r\n"
+        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
     ).encode()
 
 
-def test_a_body_trickled_below_the_minimum_rate_gets_408(
-    sessions: SessionFactory, alert_id: str
-) -> None:
-    """Each chunk within the stall timeout is not enough: 5 bytes/s against 100 bytes/s."""
-    app = create_app(
+def rate_bound_app(sessions: SessionFactory) -> Any:
+    """An app whose bodies may stall 1 s and must average 100 bytes/s after it."""
+    return create_app(
         sessions,
         registry=CollectorRegistry(),
         api_token=TOKEN,
         body_timeout_s=1.0,
         body_min_rate=100,
     )
+
+
+def test_a_body_trickled_below_the_minimum_rate_gets_408(
+    sessions: SessionFactory, alert_id: str
+) -> None:
+    """Each chunk within the stall timeout is not enough: 5 bytes/s against 100 bytes/s."""
+    app = rate_bound_app(sessions)
     body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
     with uvicorn_serving(app) as port:
         elapsed, answer = trickled_exchange(port, patch_head(alert_id, len(body)), body, 1, 0.2)
@@ -452,13 +458,7 @@ def test_a_body_trickled_below_the_minimum_rate_gets_408(
 def test_a_body_at_the_minimum_rate_may_take_longer_than_the_stall_timeout(
     sessions: SessionFactory, alert_id: str
 ) -> None:
-    app = create_app(
-        sessions,
-        registry=CollectorRegistry(),
-        api_token=TOKEN,
-        body_timeout_s=1.0,
-        body_min_rate=100,
-    )
+    app = rate_bound_app(sessions)
     body = json.dumps({"status": "resolved", "by": "ops"}).encode() + b" " * 500
     with uvicorn_serving(app) as port:
         # 100 bytes every 0.4 s (250 bytes/s): about 2 s in all, twice the stall timeout
@@ -678,10 +678,7 @@ def test_a_change_without_the_token_is_refused_before_its_body_is_read(
     """A client without the token cannot hold a connection by trickling a body: 401 at once."""
     app = create_app(sessions, registry=CollectorRegistry(), api_token=TOKEN, body_timeout_s=30)
     body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
-    head = (
-        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = patch_head(alert_id, len(body), authorization)
     with uvicorn_serving(app) as port:
         elapsed, answer = trickled_exchange(port, head, body, 5, 0.2)
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:300]
@@ -695,10 +692,7 @@ def test_without_a_token_a_change_is_refused_before_its_body_is_read(
 ) -> None:
     app = create_app(sessions, registry=CollectorRegistry(), body_timeout_s=30)
     body = json.dumps({"status": "resolved", "by": "x" * 400}).encode()
-    head = (
-        f"PATCH /api/v1/alerts/{alert_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = patch_head(alert_id, len(body), authorization="")
     with uvicorn_serving(app) as port:
         elapsed, answer = trickled_exchange(port, head, body, 5, 0.2)
     assert answer.startswith(b"HTTP/1.1 403 ") and b"MINDER_API__TOKEN" in answer, answer[:300]

@@ -128,16 +128,22 @@ def test_the_accept_batch_fits_the_files_left_free() -> None:
 # -- the header timeout ----------------------------------------------------------------------
 
 
+def trickle_header_lines(sock: socket.socket, lines: int = 3, every_s: float = 0.3) -> None:
+    """A header line every ``every_s`` seconds, never the blank line that ends the head (until
+    the server closes the connection)."""
+    for _ in range(lines):
+        time.sleep(every_s)
+        try:
+            sock.sendall(b"X-Trickle: 1\r\n")
+        except OSError:
+            break
+
+
 def test_a_head_that_trickles_gets_408_at_the_header_timeout() -> None:
     limits = ServerLimits(max_connections=16, header_timeout_s=HEADER_TIMEOUT_S)
     with serving(limits) as port, socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        for _ in range(3):  # a header line every 0.3 s never completes the head
-            time.sleep(0.3)
-            try:
-                sock.sendall(b"X-Trickle: 1\r\n")
-            except OSError:
-                break
+        trickle_header_lines(sock)
         elapsed, answer = read_until_closed(sock, 5.0)
     assert status_of(answer) == 408, answer
     assert "MINDER_API__HEADER_TIMEOUT_S" in detail_of(answer)
@@ -173,12 +179,7 @@ def test_the_next_head_trickled_on_a_kept_alive_connection_gets_408() -> None:
             response += sock.recv(65536)
         assert response.startswith(b"HTTP/1.1 200 ")
         sock.sendall(b"GET /health HTTP/1.1\r\n")
-        for _ in range(3):
-            time.sleep(0.3)
-            try:
-                sock.sendall(b"X-Trickle: 1\r\n")
-            except OSError:
-                break
+        trickle_header_lines(sock)
         elapsed, answer = read_until_closed(sock, 5.0)
     assert status_of(answer) == 408, answer
     assert elapsed < 1.0
