@@ -21,6 +21,10 @@ class AlertKind(StrEnum):
     """The machine slows the job down (step or collective time)."""
     SILENCE = "silence"
     """The machine stopped reporting while its peers go on."""
+    HANG = "hang"
+    """The job stopped advancing: every rank waits in a collective (docs/hangs.md). One job-level
+    alert per hang (``machine`` empty) holds the analysis; each culprit machine gets its own
+    ``hang`` alert, which is what the scheduler actions act on."""
     SUSPICIOUS_SOURCE = "suspicious_source"
     """An alert named a machine that, per the scheduler, does not run the alert's job (a forged or
     misrouted report): raised by the scheduler actions in place of acting, and never acted on."""

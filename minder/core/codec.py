@@ -25,6 +25,7 @@ no numpy; it is re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -47,6 +48,7 @@ from minder.core.encode import (
     layout_id,
 )
 from minder.core.errors import DecodeError, ValidationError
+from minder.core.hang import BATCH_FIELD, MAX_SUMMARIES_PER_BATCH, RankSummary
 from minder.core.metrics import METRICS, MetricSpec, validate_device
 from minder.core.records import (
     PACKED_SCHEMA_VERSION,
@@ -409,6 +411,7 @@ class Decoder:
         else:
             samples = _samples(data.get("samples", []))
         events = _events(data.get("events", []))
+        summaries = data.get(BATCH_FIELD)
         return NodeBatch(
             job=job,
             node=node,
@@ -418,6 +421,7 @@ class Decoder:
             samples=samples,
             events=events,
             schema=SCHEMA_VERSION,
+            flight_recorder=[] if summaries is None else _flight_recorder(summaries, node),
         )
 
     def _packed(self, data: dict[str, Any]) -> NodeBatch:
@@ -425,6 +429,8 @@ class Decoder:
         lid = data.get("layout")
         raw = data.get("values")
         events = _events(data.get("events", []))
+        summaries = data.get(BATCH_FIELD)
+        flight_recorder = [] if summaries is None else _flight_recorder(summaries, node)
         if lid is None:
             if raw is not None and raw != b"":
                 raise DecodeError(
@@ -432,7 +438,15 @@ class Decoder:
                     "of the values"
                 )
             return NodeBatch(
-                job, node, ts, interval_s, labels, [], events, schema=PACKED_SCHEMA_VERSION
+                job,
+                node,
+                ts,
+                interval_s,
+                labels,
+                [],
+                events,
+                schema=PACKED_SCHEMA_VERSION,
+                flight_recorder=flight_recorder,
             )
         if lid.__class__ is not int or not 0 <= lid < 2**64:
             raise DecodeError(
@@ -491,6 +505,7 @@ class Decoder:
             schema=PACKED_SCHEMA_VERSION,
             layout=layout,
             values=values,
+            flight_recorder=flight_recorder,
         )
 
 
@@ -788,4 +803,41 @@ def _events(raw: Any) -> list[Event]:
         if not isinstance(message, str):
             raise DecodeError(f"events[{i}] has message {message!r}: expected a string")
         out.append(Event(kind=kind, device=device, ts=ts, code=code, message=message))
+    return out
+
+
+def _flight_recorder(raw: Any, node: str) -> list[RankSummary]:
+    """The envelope's flight-recorder summaries (:data:`~minder.core.hang.BATCH_FIELD`),
+    validated.
+
+    A summary names the node its rank ran on; in a batch that is the batch's node (the agent
+    that read the dump), so an empty one is set to it and another one is refused: a node's
+    batch, signed with that node's key, speaks for that node's ranks only.
+    """
+    if not isinstance(raw, list):
+        raise DecodeError(
+            f"field {BATCH_FIELD!r} is {type(raw).__name__}: expected a list of rank summaries"
+        )
+    if len(raw) > MAX_SUMMARIES_PER_BATCH:
+        raise DecodeError(
+            f"field {BATCH_FIELD!r} has {len(raw)} summaries: expected at most "
+            f"{MAX_SUMMARIES_PER_BATCH}"
+        )
+    out: list[RankSummary] = []
+    for i, item in enumerate(raw):
+        where = f"{BATCH_FIELD}[{i}]"
+        try:
+            summary = RankSummary.from_dict(item, where)
+        except ValidationError as exc:
+            raise DecodeError(str(exc)) from None
+        except (TypeError, ValueError, OverflowError) as exc:  # a value from_dict did not expect
+            raise DecodeError(f"{where} is malformed: {exc!r:.200}") from None
+        if not summary.node:
+            summary = dataclasses.replace(summary, node=node)
+        elif summary.node != node:
+            raise DecodeError(
+                f"{where}.node is {summary.node[:64]!r}: expected the batch's node {node[:64]!r} "
+                "(an agent sends the dumps of its own node's ranks)"
+            )
+        out.append(summary)
     return out

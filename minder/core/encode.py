@@ -22,6 +22,7 @@ from typing import Any
 import msgpack
 
 from minder.core.errors import ValidationError
+from minder.core.hang import BATCH_FIELD
 from minder.core.records import PACKED_SCHEMA_VERSION, SCHEMA_VERSION, Event, NodeBatch
 from minder.core.wire import AGENT_FORMAT, DEFAULT_FORMAT, WireFormat
 
@@ -51,7 +52,8 @@ def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
     three times cheaper to encode and decode than one ``[metric, device, value]`` list per
     sample (``bench/codec.py``). ``columns=False`` gives that readable triple form, which the
     decoder accepts too. A packed batch (decoded from schema 2) is written with its samples
-    named.
+    named. Flight-recorder summaries (:attr:`NodeBatch.flight_recorder`) travel under
+    :data:`minder.core.hang.BATCH_FIELD`, in every format, and only when there are some.
     """
     samples = batch.samples if batch.values is None else batch.all_samples()
     data: dict[str, Any] = {
@@ -71,6 +73,8 @@ def batch_to_dict(batch: NodeBatch, *, columns: bool = True) -> dict[str, Any]:
     else:
         data["samples"] = [list(s) for s in samples]
     data["events"] = [_event_to_dict(e) for e in batch.events]
+    if batch.flight_recorder:
+        data[BATCH_FIELD] = [s.to_dict() for s in batch.flight_recorder]
     return data
 
 
@@ -127,6 +131,8 @@ def _packed_dict(
             data["layout_def"] = definition
     if batch.events:
         data["events"] = [_event_to_dict(e) for e in batch.events]
+    if batch.flight_recorder:
+        data[BATCH_FIELD] = [s.to_dict() for s in batch.flight_recorder]
     return data
 
 

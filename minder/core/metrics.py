@@ -136,6 +136,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         "mean busy time per step (outside blocking collectives) over the interval's steps",
     ),
     _m("train_step_number", "1", G, RANK, "index of the last training step the rank completed"),
+    _m(
+        "train_paused_seconds",
+        "seconds",
+        G,
+        RANK,
+        "how long the rank's training loop has been paused on purpose (a checkpoint, an "
+        "evaluation), as it reports through the step probe (probe.pause); 0 in the interval the "
+        "pause ended, absent when not paused: a paused job is not hung (docs/hangs.md)",
+    ),
     MetricSpec(
         "train_lateness_seconds",
         "seconds",

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
+    from minder.core.hang import RankSummary
+
 SCHEMA_VERSION = 1
 """The envelope with named samples (columns or triples), msgpack or JSON."""
 PACKED_SCHEMA_VERSION = 2
@@ -127,6 +129,9 @@ class NodeBatch:
         Envelope version it was decoded from (or is meant for).
     layout, values
         Packed samples (schema 2): the layout, and one float32 value per position of it.
+    flight_recorder
+        Summaries of the flight-recorder dumps the node's ranks wrote since the last batch
+        (:mod:`minder.core.hang`); empty nearly always.
     """
 
     job: str
@@ -139,6 +144,7 @@ class NodeBatch:
     schema: int = SCHEMA_VERSION
     layout: Layout | None = None
     values: np.ndarray | None = None
+    flight_recorder: list[RankSummary] = field(default_factory=list)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as a plain dataclass would be
 
@@ -156,6 +162,7 @@ class NodeBatch:
             and self.labels == other.labels
             and self.samples == other.samples
             and self.events == other.events
+            and self.flight_recorder == other.flight_recorder
             and self.schema == other.schema
             and (self.layout is None) == (other.layout is None)
             and (self.layout is None or other.layout is None or self.layout.id == other.layout.id)

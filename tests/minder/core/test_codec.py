@@ -19,6 +19,7 @@ from minder.core.codec import (
     layout_id,
 )
 from minder.core.errors import DecodeError
+from minder.core.hang import EntryState, FrEntry, GroupState, RankSummary, rank_runs
 from minder.core.records import Event, EventKind, NodeBatch
 
 
@@ -443,3 +444,126 @@ def test_the_layout_cache_is_bounded_and_counts_evictions() -> None:
         and by_pairs.layouts.evictions == 1
         and by_pairs.layouts.pairs == 10
     )
+
+
+# -- flight-recorder summaries in the envelope ----------------------------------------------------
+
+
+def _summary(rank: int, node: str = "n1") -> RankSummary:
+    waiting = FrEntry(
+        record_id=40 + rank,
+        seq=12,
+        op="gloo:all_reduce",
+        state=EntryState.STARTED,
+        input_sizes=((8, 1024),),
+        output_sizes=((8, 1024),),
+        input_dtypes=("Float",),
+        output_dtypes=("Float",),
+        created_ns=1_795_910_082_186_015_972,
+        timeout_ms=600_000,
+    )
+    group = GroupState(
+        group="0",
+        desc="default_pg",
+        ranks=rank_runs(range(4)),
+        last_enqueued=12,
+        last_started=12,
+        last_completed=11,
+        entries=(waiting,),
+    )
+    return RankSummary(
+        rank=rank,
+        version="2.10",
+        groups=(group,),
+        node=node,
+        dumped_ts=1763700000.5,
+        source=f"nccl_trace_rank_{rank}",
+        entries_total=2000,
+    )
+
+
+def _with_summaries(batch: NodeBatch, *summaries: RankSummary) -> NodeBatch:
+    batch.flight_recorder = list(summaries)
+    return batch
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+def test_flight_recorder_summaries_round_trip_in_every_format(fmt: WireFormat) -> None:
+    batch = _with_summaries(_node("n1", 1763700000.0), _summary(0), _summary(3))
+    decoded = Decoder().decode(encode_batch(batch, fmt))
+    assert decoded.flight_recorder == [_summary(0), _summary(3)]
+    assert decoded.flight_recorder[1].groups[0].entries[0].input_sizes == ((8, 1024),)
+    assert decoded.sample_count == len(batch.samples)
+
+
+def test_flight_recorder_summaries_travel_with_a_stream_and_without_samples() -> None:
+    encoder = BatchEncoder()
+    decoder = Decoder()
+    plain = _node("n1", 1763700000.0)
+    assert decoder.decode(encoder.encode(plain)).flight_recorder == []
+    # A batch of the stream whose layout is not inlined still carries its summaries ...
+    carrying = _with_summaries(_node("n1", 1763700001.0), _summary(2))
+    payload = encoder.encode(carrying)
+    assert "layout_def" not in _fields(payload)
+    assert decoder.decode(payload).flight_recorder == [_summary(2)]
+    # ... and so does one without samples (a goodbye).
+    goodbye = _with_summaries(
+        NodeBatch("j2", "n1", 1763700002.0, events=[Event(EventKind.LEAVE, "", 1763700002.0)]),
+        _summary(1),
+    )
+    assert decoder.decode(encoder.encode(goodbye)).flight_recorder == [_summary(1)]
+
+
+@pytest.mark.parametrize("fmt", list(WireFormat))
+def test_a_batch_without_summaries_is_byte_for_byte_what_it_was(fmt: WireFormat) -> None:
+    batch = _node("n1", 1763700000.0)
+    payload = encode_batch(batch, fmt)
+    assert b"flight_recorder" not in payload
+    assert encode_batch(_with_summaries(_node("n1", 1763700000.0)), fmt) == payload
+
+
+def test_a_summary_without_a_node_gets_the_batchs_and_another_nodes_is_refused() -> None:
+    batch = _with_summaries(_node("n1", 1763700000.0), _summary(0, node=""))
+    assert decode_batch(encode_batch(batch)).flight_recorder == [_summary(0, node="n1")]
+    foreign = _with_summaries(_node("n1", 1763700000.0), _summary(0, node="n2"))
+    with pytest.raises(
+        DecodeError, match=r"^flight_recorder\[0\]\.node is 'n2': expected the batch's node 'n1'"
+    ):
+        decode_batch(encode_batch(foreign))
+
+
+def _summary_dict(**changes: object) -> dict[str, object]:
+    return {**_summary(0).to_dict(), **changes}
+
+
+@pytest.mark.parametrize("fmt", [WireFormat.PACKED, WireFormat.MSGPACK, WireFormat.JSON])
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ({"v": 1}, r"^field 'flight_recorder' is dict: expected a list of rank summaries$"),
+        (
+            [_summary_dict()] * 65,
+            r"^field 'flight_recorder' has 65 summaries: expected at most 64$",
+        ),
+        ([_summary_dict(), 7], r"^flight_recorder\[1\] is int: expected an object$"),
+        ([_summary_dict(v=9)], r"^flight_recorder\[0\]\.v is 9: expected summary version 1$"),
+        ([_summary_dict(rank=-1)], r"^flight_recorder\[0\]\.rank is -1: expected an integer"),
+        (
+            [_summary_dict(groups=[{"group": "0", "entries": [{"state": "lost"}]}])],
+            r"^flight_recorder\[0\]\.groups\[0\]\.entries\[0\]\.state is 'lost'",
+        ),
+    ],
+)
+def test_malformed_summaries_are_refused_in_one_line(
+    fmt: WireFormat, field: object, message: str
+) -> None:
+    data = (
+        _fields(encode_batch(_node("n1", 1763700000.0), fmt))
+        if fmt is WireFormat.PACKED
+        else batch_to_dict(_node("n1", 1763700000.0))
+    )
+    data["flight_recorder"] = field
+    payload = orjson.dumps(data) if fmt is WireFormat.JSON else msgpack.packb(data)
+    with pytest.raises(DecodeError, match=message) as caught:
+        Decoder().decode(payload)
+    assert "\n" not in str(caught.value)

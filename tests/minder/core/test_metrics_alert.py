@@ -24,7 +24,7 @@ def test_every_name_carries_its_unit() -> None:
         "_number",
     )
     assert all(name.endswith(suffixes) for name in METRICS)
-    assert len(METRICS) == 43
+    assert len(METRICS) == 44
 
 
 def test_straggler_metrics_are_per_rank_gauges() -> None:
