@@ -12,6 +12,12 @@ last batch as gauges ``minder_node_<metric>{device}`` plus the agent's own count
 nothing between scrapes. Sending (Kafka, spool) lives in ``minder.agent_runner``, which plugs its
 counters in through :meth:`AgentExporter.set_sender`. :meth:`Agent.goodbye` builds the batch the
 runner sends last on a clean stop (a ``leave`` event: the node leaves its job on purpose).
+
+With a flight-recorder watcher (:class:`collectors.fr_watch.FrWatcher`) each collection also
+polls the node's dump directory (the watcher lists it only every few seconds) and attaches the
+summaries of new dumps to the batch (:attr:`~minder.core.records.NodeBatch.flight_recorder`), at
+most :data:`~minder.core.hang.MAX_SUMMARIES_PER_BATCH` and
+:data:`~collectors.fr_watch.MAX_BATCH_BYTES` per batch; the rest wait for the next batches.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry
@@ -34,6 +41,10 @@ from collectors.labels import Identity, check_label, discover_identity, parse_la
 from minder.core.errors import ValidationError
 from minder.core.metrics import MetricKind, MetricSpec, validate_sample, validate_value
 from minder.core.records import Event, EventKind, NodeBatch, Sample
+
+if TYPE_CHECKING:  # the watcher is imported by whoever builds it (the flight recorder's reader)
+    from collectors.fr_watch import FrWatcher
+    from minder.core.hang import RankSummary
 
 __all__ = [
     "AGENT_REASONS",
@@ -113,6 +124,8 @@ class Agent:
         Placement and role labels (``group``, ``domain``, ``switch`` …).
     interval_s
         Collection interval, written into each batch.
+    flight_recorder
+        Watches the node's flight-recorder dumps; their summaries ride in the batches.
 
     Attributes
     ----------
@@ -130,12 +143,15 @@ class Agent:
         node: str,
         labels: Mapping[str, str],
         interval_s: float = 1.0,
+        flight_recorder: FrWatcher | None = None,
     ) -> None:
         if not job or not node:
             raise ValidationError(f"job {job!r} and node {node!r}: expected non-empty names")
         if not interval_s > 0:
             raise ValidationError(f"interval_s is {interval_s!r}: expected a positive number")
         names = [s.name for s in sources]
+        if flight_recorder is not None:
+            names.append(flight_recorder.name)
         if len(set(names)) != len(names):
             raise ValidationError(f"source names {names}: expected each source once")
         for key, value in labels.items():
@@ -145,6 +161,7 @@ class Agent:
         self.node = node
         self.labels = dict(labels)
         self.interval_s = float(interval_s)
+        self.flight_recorder = flight_recorder
         self.last_batch: NodeBatch | None = None
         self.collections_total = 0
         self._errors: Counter[tuple[str, str]] = Counter()
@@ -217,6 +234,7 @@ class Agent:
                 if spec.kind is MetricKind.COUNT:
                     counts[key] = counts.get(key, 0.0) + float(value)
             events.extend(collected.events)
+        summaries = [] if self.flight_recorder is None else self._summaries(now, errors, seconds)
         batch = NodeBatch(
             job=self.job,
             node=self.node,
@@ -225,6 +243,7 @@ class Agent:
             labels=dict(self.labels),
             samples=samples,
             events=events,
+            flight_recorder=summaries,
         )
         with self._lock:
             self._errors.update(errors)
@@ -236,16 +255,45 @@ class Agent:
             self.last_batch = batch
         return batch
 
+    def _summaries(
+        self, now: float, errors: Counter[tuple[str, str]], seconds: dict[str, float]
+    ) -> list[RankSummary]:
+        """Poll the flight-recorder watcher and take what the batch may carry."""
+        watcher = self.flight_recorder
+        assert watcher is not None
+        started = time.perf_counter()
+        try:
+            watcher.poll(now)
+        except Exception as exc:  # a bug; what it summarised before still goes out
+            errors[(watcher.name, "exception")] += 1
+            self._log_once(
+                watcher.name,
+                f"exception:{type(exc).__name__}",
+                "the flight-recorder watcher raised %r; it is skipped each time it raises "
+                "(counted, logged once per exception type)",
+                exc,
+            )
+        finally:
+            seconds[watcher.name] = time.perf_counter() - started
+        return watcher.take() if watcher.pending else []
+
+    def give_back(self, batch: NodeBatch) -> None:
+        """Keep ``batch``'s flight-recorder summaries for the next batch (it was not spooled)."""
+        if batch.flight_recorder and self.flight_recorder is not None:
+            self.flight_recorder.give_back(batch.flight_recorder)
+
     def goodbye(self, now: float, reason: str) -> NodeBatch:
         """The last batch of a clean stop: no samples, one ``leave`` event (``device=""``).
 
         It tells the detection service that the node leaves its job on purpose (not a fault):
         the service drops the node until it reports again. ``reason`` ends up in the event's
         message (``"agent stopped: SIGTERM"``). Nothing of the agent changes (``last_batch``
-        and the counters stay those of the last collection).
+        and the counters stay those of the last collection), except that flight-recorder
+        summaries still waiting for a batch ride in this one.
         """
         if not reason:
             raise ValidationError("goodbye reason is empty: expected why the agent stopped")
+        watcher = self.flight_recorder
         return NodeBatch(
             job=self.job,
             node=self.node,
@@ -254,6 +302,7 @@ class Agent:
             labels=dict(self.labels),
             samples=[],
             events=[Event(EventKind.LEAVE, device="", ts=now, message=f"agent stopped: {reason}")],
+            flight_recorder=watcher.take() if watcher is not None and watcher.pending else [],
         )
 
     def _valid(self, source: str, metric: str, device: str, value: float) -> MetricSpec | None:
@@ -290,9 +339,12 @@ class Agent:
         """Problems since start by ``(source, reason)``: the sources' own and the agent's."""
         with self._lock:
             counts = dict(self._errors)
-        for source in self.sources:
-            for reason, count in dict(source.problems.counts).items():
-                counts[(source.name, reason)] = counts.get((source.name, reason), 0) + count
+        problem_logs = [(s.name, s.problems) for s in self.sources]
+        if self.flight_recorder is not None:
+            problem_logs.append((self.flight_recorder.name, self.flight_recorder.problems))
+        for name, problems in problem_logs:
+            for reason, count in dict(problems.counts).items():
+                counts[(name, reason)] = counts.get((name, reason), 0) + count
         return counts
 
     def count_totals(self) -> dict[tuple[str, str], float]:
@@ -311,8 +363,12 @@ class Agent:
             return dict(self._seconds_total)
 
     def close(self) -> None:
-        """Close every source; one that fails to close is logged, the others still close."""
-        for source in self.sources:
+        """Close every source (and the watcher); one that fails to close is logged, the others
+        still close."""
+        closing: list[Source | FrWatcher] = list(self.sources)
+        if self.flight_recorder is not None:
+            closing.append(self.flight_recorder)
+        for source in closing:
             try:
                 source.close()
             except Exception as exc:
@@ -337,6 +393,9 @@ class AgentExporter(Collector):
     - ``minder_agent_source_errors_total{source,reason}``;
     - ``minder_agent_collect_seconds{source}`` (last duration) and
       ``minder_agent_collect_duration_seconds_total{source}``;
+    - with a flight-recorder watcher: ``minder_agent_flight_recorder_summaries_total`` (dumps
+      summarised) and ``minder_agent_flight_recorder_pending`` (summaries waiting for a batch);
+      the files it skipped are in ``minder_agent_source_errors_total{source="flight_recorder"}``;
     - with a sender: ``minder_agent_batches_sent_total``, ``minder_agent_spooled_total``,
       ``minder_agent_dropped_oldest_total``, ``minder_agent_send_errors_total``,
       ``minder_agent_corrupt_dropped_total``, ``minder_agent_spool_bytes``,
@@ -412,6 +471,9 @@ class AgentExporter(Collector):
         )
         # Every source's "exception" exists from the start (at 0), so rates exist before errors.
         counts = {(source.name, "exception"): 0 for source in agent.sources}
+        watcher = agent.flight_recorder
+        if watcher is not None:
+            counts.update({(watcher.name, r): 0 for r in ("exception", "not_a_dump")})
         counts.update(agent.error_counts())
         for (source, reason), count in sorted(counts.items()):
             errors.add_metric([*values, source, reason], count)
@@ -432,6 +494,21 @@ class AgentExporter(Collector):
         for source, seconds in sorted(agent.collect_seconds_total().items()):
             total_seconds.add_metric([*values, source], seconds)
         yield total_seconds
+        if watcher is not None:
+            summaries = CounterMetricFamily(
+                "minder_agent_flight_recorder_summaries",
+                "Flight-recorder dumps summarised for the batches since start",
+                labels=ids,
+            )
+            summaries.add_metric(values, watcher.summaries_total)
+            yield summaries
+            pending = GaugeMetricFamily(
+                "minder_agent_flight_recorder_pending",
+                "Flight-recorder summaries waiting for a batch",
+                labels=ids,
+            )
+            pending.add_metric(values, watcher.pending)
+            yield pending
         if self._sender is not None:
             yield from _sender_metrics(self._sender(), ids, values)
 

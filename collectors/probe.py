@@ -30,6 +30,19 @@ which reports per rank per interval ``train_step_seconds`` (the mean of the step
 ``train_step_number`` (the last step's number). It still accepts the version-1 datagram
 ``b"minder1 <rank> <seconds>"`` of older probes (a step time alone).
 
+A loop that stops stepping on purpose says so, so that the stop is not taken for a hang
+(docs/hangs.md)::
+
+    with probe.pause("checkpoint"):
+        save_checkpoint(model)
+
+``pause`` sends ``b"minder2 <rank> pause 1 <reason>"`` when the block starts and
+``b"minder2 <rank> pause 0 <reason>"`` when it ends (nested blocks once; the reason is a short
+word, e.g. ``checkpoint``, ``eval``). The agent then reports ``train_paused_seconds`` for that
+rank: how long it has been paused, every interval while it is, and 0 in the interval it ended
+(a step from the rank ends its pause too, should the end datagram be lost). An older agent
+counts the pause datagrams as bad and carries on.
+
 The client part of this module uses the standard library only and imports nothing else at
 import time, so the file can also be copied alone into a training image.
 """
@@ -61,6 +74,10 @@ separated; ``busy`` is ``-`` when the step reported none)."""
 MAGIC_V1 = b"minder1"
 """The first version, still accepted by the agent: ``minder1 <rank> <seconds>``."""
 NO_BUSY = b"-"
+PAUSE = b"pause"
+"""Second word of a pause datagram: ``minder2 <rank> pause <1|0> <reason>``."""
+MAX_REASON = 32
+"""Longest pause reason sent (characters; others than letters, digits, ``_.-`` become ``_``)."""
 MAX_DATAGRAM = 512
 """Longest datagram the agent reads; a valid one is under 128 bytes."""
 MAX_RANK = 2**31 - 1
@@ -147,9 +164,10 @@ class StepProbe:
     Attributes
     ----------
     sent, dropped, ignored
-        Steps handed to the kernel, steps that could not be sent, and steps refused: a step
-        time that is not a finite number > 0, a busy time that is not finite, negative or
-        longer than the step, or a step number that is not an integer in 0..2**53.
+        Datagrams (steps and pause marks) handed to the kernel, datagrams that could not be
+        sent, and steps refused: a step time that is not a finite number > 0, a busy time that
+        is not finite, negative or longer than the step, or a step number that is not an integer
+        in 0..2**53.
     number
         Index of the last step reported (-1 before the first). Every call of :meth:`step`
         counts, refused ones too (the step happened); ``step(..., number=n)`` sets it.
@@ -170,6 +188,7 @@ class StepProbe:
         self._busy_seen = False
         """Whether a ``busy()`` block ran in the current step (0 s is then a measurement)."""
         self._busy_depth = 0
+        self._pause_depth = 0
         self._prefix = b"%s %d " % (MAGIC, self.rank)
         self._sock: socket.socket | None = None
         try:
@@ -228,16 +247,35 @@ class StepProbe:
                     return
                 busy_value = value  # summed blocks a rounding error over the step
             busy_text = repr(busy_value).encode()
+        self._send(b"%s%d %s %s" % (self._prefix, index, repr(value).encode(), busy_text))
+
+    def _send(self, datagram: bytes) -> None:
         sock = self._sock
         if sock is None:
             self.dropped += 1
             return
         try:
-            sock.send(b"%s%d %s %s" % (self._prefix, index, repr(value).encode(), busy_text))
+            sock.send(datagram)
         except OSError:  # no listener (ECONNREFUSED), buffer full (EAGAIN), closed socket
             self.dropped += 1
         else:
             self.sent += 1
+
+    @contextmanager
+    def pause(self, reason: str = "pause") -> Iterator[None]:
+        """Say that the loop stops stepping on purpose for the ``with`` block (a checkpoint,
+        an evaluation), so that the stop is not taken for a hang. Nested blocks send once;
+        never raises into the loop."""
+        self._pause_depth += 1
+        word = _reason(reason)
+        if self._pause_depth == 1:
+            self._send(b"%s%s 1 %s" % (self._prefix, PAUSE, word))
+        try:
+            yield
+        finally:
+            self._pause_depth -= 1
+            if self._pause_depth == 0:
+                self._send(b"%s%s 0 %s" % (self._prefix, PAUSE, word))
 
     @contextmanager
     def timer(self) -> Iterator[StepTimer]:
@@ -270,6 +308,14 @@ class StepProbe:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+
+
+def _reason(value: object) -> bytes:
+    """A pause reason as one short ASCII word (``pause`` when empty)."""
+    text = "".join(
+        c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in str(value)[:MAX_REASON]
+    )
+    return (text or "pause").encode()
 
 
 def _finite(value: object) -> float | None:
@@ -332,6 +378,12 @@ def busy() -> AbstractContextManager[None]:
     return default_probe().busy()
 
 
+def pause(reason: str = "pause") -> AbstractContextManager[None]:
+    """Say that the loop is paused on purpose for a ``with`` block (default probe); see
+    :meth:`StepProbe.pause`."""
+    return default_probe().pause(reason)
+
+
 # -- agent side ----------------------------------------------------------------------------------
 
 
@@ -350,12 +402,16 @@ class _RankSteps:
 
 class ProbeSource:
     """Receives the probes' datagrams and reports per rank ``train_step_seconds``,
-    ``train_busy_seconds`` and ``train_step_number``.
+    ``train_busy_seconds``, ``train_step_number`` and, while a rank is paused,
+    ``train_paused_seconds``.
 
     ``collect`` drains the datagrams queued since the previous call and emits, for each rank
     that sent any (device ``rank<N>``): the mean of its step times; the mean busy time of the
     steps that reported one (none reported: no sample, never 0); and the number of the last
     step received (``minder1`` datagrams carry none). Ranks that sent nothing emit nothing. A
+    rank that said it is paused (:meth:`StepProbe.pause`) emits ``train_paused_seconds`` at every
+    collect until its pause ends (how long it has been paused), then 0 once; a step from it
+    ends the pause as well. A
     socket that cannot be bound is reported once (``bind_failed``) and the source then yields
     nothing; malformed datagrams, and steps whose time is not a finite number > 0 or whose busy
     time is negative or longer than the step, are counted as ``bad_datagram``.
@@ -417,6 +473,10 @@ class ProbeSource:
         self._max_ranks = max_ranks
         self._ranks: dict[int, float] = {}
         """Accepted ranks -> monotonic time they last sent a step."""
+        self._paused: dict[int, float] = {}
+        """Paused ranks -> monotonic time their pause began."""
+        self._unpaused: set[int] = set()
+        """Ranks whose pause ended since the last collect (they emit 0 once)."""
         self._sock: socket.socket | None = None
         try:
             host, port = parse_address(address)
@@ -470,13 +530,18 @@ class ProbeSource:
                 self.problems.report("recv_failed", f"reading step probes failed: {exc}")
                 limited = False
                 break
+            pause = _parse_pause(data)
+            if pause is not None:
+                if self._accept(pause[0], started):
+                    self._pause(*pause, at=time.monotonic())
+                continue
             parsed = self._parse(data)
             if parsed is None:
                 self.problems.report(
                     "bad_datagram",
                     "expected b'minder2 <rank> <step> <seconds> <busy or ->' (or b'minder1 "
-                    f"<rank> <seconds>') with 0 < seconds and 0 <= busy <= seconds, got "
-                    f"{data[:64]!r}",
+                    f"<rank> <seconds>') with 0 < seconds and 0 <= busy <= seconds, or "
+                    f"b'minder2 <rank> pause <1 or 0> <reason>', got {data[:64]!r}",
                 )
                 continue
             rank, number, seconds, busy = parsed
@@ -485,6 +550,8 @@ class ProbeSource:
                 if not self._accept(rank, started):
                     continue
                 steps = ranks[rank] = _RankSteps()
+                if rank in self._paused:  # stepping again: the pause is over
+                    self._pause(rank, False, b"step", at=started)
             steps.seconds += seconds
             steps.steps += 1
             if busy is not None:
@@ -506,7 +573,26 @@ class ProbeSource:
                 out.add("train_busy_seconds", device, steps.busy / steps.busy_steps)
             if steps.number is not None:
                 out.add("train_step_number", device, float(steps.number))
+        clock = time.monotonic()
+        for rank in sorted(self._paused.keys() | self._unpaused):
+            since = self._paused.get(rank)
+            # Paused: how long so far (never 0, which says the pause ended); else 0 once.
+            paused_s = 0.0 if since is None else max(clock - since, 1e-3)
+            out.add("train_paused_seconds", f"rank{rank}", paused_s)
+        self._unpaused.clear()
         return out
+
+    def _pause(self, rank: int, on: bool, reason: bytes, *, at: float) -> None:
+        """Rank ``rank`` says its pause began (``on``) or ended."""
+        if on:
+            if rank not in self._paused:
+                self._paused[rank] = at
+                logger.debug(
+                    "rank %d paused (%s)", rank, reason[:MAX_REASON].decode(errors="replace")
+                )
+        elif self._paused.pop(rank, None) is not None:
+            self._unpaused.add(rank)
+            logger.debug("rank %d resumed (%s)", rank, reason[:MAX_REASON].decode(errors="replace"))
 
     def _accept(self, rank: int, now: float) -> bool:
         """Whether ``rank`` has (or gets) a place among the accepted ranks; marks it seen."""
@@ -514,6 +600,8 @@ class ProbeSource:
             stale = now - self.RANK_EXPIRY_S
             for old in [r for r, seen in self._ranks.items() if seen < stale]:
                 del self._ranks[old]
+                self._paused.pop(old, None)
+                self._unpaused.discard(old)
             if len(self._ranks) >= self._max_ranks:
                 self.problems.report(
                     "too_many_ranks",
@@ -565,3 +653,14 @@ class ProbeSource:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+
+
+def _parse_pause(data: bytes) -> tuple[int, bool, bytes] | None:
+    """``(rank, paused, reason)`` of a pause datagram, else None (not one, or malformed: then
+    the step parser refuses it and it is counted)."""
+    parts = data.split()
+    if len(parts) != 5 or parts[0] != MAGIC or parts[2] != PAUSE or parts[3] not in (b"0", b"1"):
+        return None
+    if not parts[1].isdigit() or int(parts[1]) > MAX_RANK or len(parts[4]) > MAX_REASON:
+        return None
+    return int(parts[1]), parts[3] == b"1", parts[4]

@@ -41,6 +41,11 @@ The sender never dies: an unexpected error in one pass (the spool's disk full or
 is logged once per exception type, counted in ``send_errors`` and retried with backoff. A spooled
 record that cannot be unframed (damaged, or written by something else) would block everything
 behind it forever, so it is dropped, counted (``corrupt_dropped``) and logged once.
+
+Flight-recorder summaries (:mod:`collectors.fr_watch`) ride in the data batches like any field,
+so they share the spool's ordering and at-least-once delivery; a batch that cannot be spooled
+hands its summaries back to the agent for the next one, and the goodbye carries those still
+waiting at a clean stop.
 """
 
 from __future__ import annotations
@@ -345,8 +350,10 @@ class AgentRunner:
         try:
             self.spool.append(frame(batch.job, self.encoder.encode(batch)))
         except (ValidationError, OSError) as exc:
-            # the lost batch may have carried the layout: the next one announces it again
+            # the lost batch may have carried the layout: the next one announces it again,
+            # and its flight-recorder summaries: the next one carries them
             self.encoder.forget()
+            self.agent.give_back(batch)
             self.stats.spool_errors += 1
             if self.stats.spool_errors == 1 or math.log2(self.stats.spool_errors).is_integer():
                 logger.error(
@@ -375,11 +382,14 @@ class AgentRunner:
         """Append the goodbye after the last collected batch (the sender flushes it next)."""
         agent = self.agent
         reason = self._stop_reason or "stop requested"
+        batch: NodeBatch | None = None
         try:
             batch = agent.goodbye(self._clock(), reason)
             self.spool.append(frame(batch.job, self.encoder.encode(batch)))
         except (ValidationError, OSError) as exc:
             logger.error("goodbye of %s/%s not spooled: %s", agent.job, agent.node, exc)
+            if batch is not None:
+                agent.give_back(batch)  # counted as unsent when the agent closes
             return
         except Exception:
             logger.exception("goodbye of %s/%s not spooled", agent.job, agent.node)

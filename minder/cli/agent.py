@@ -6,11 +6,17 @@ and the agent's own counters on ``/metrics``, and sends the batches to Kafka thr
 on-disk spool (:mod:`minder.agent_runner`). A clean stop (SIGTERM, SIGINT) sends a last
 *goodbye* batch (a ``leave`` event: the node leaves its job on purpose) unless ``--no-goodbye``.
 ``--once`` prints one batch and sends nothing.
+
+It also watches the node's PyTorch flight-recorder dumps (``--fr-prefix``, by default where the
+training processes would write them: ``$TORCH_FR_DUMP_TEMP_FILE``, else
+``/tmp/nccl_trace_rank_``) and sends a summary of each new one in its batches
+(:mod:`collectors.fr_watch`); ``--no-fr`` turns that off.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import sys
@@ -46,6 +52,7 @@ from minder.core.wire import AGENT_FORMAT, WireFormat
 if TYPE_CHECKING:  # the agent and its sources are imported when it runs, not for --help
     from collectors.agent import Agent
     from collectors.base import Source
+    from collectors.fr_watch import FrWatcher
     from minder.core.records import NodeBatch
     from minder.core.signing import Signer
 
@@ -56,6 +63,9 @@ DEFAULT_SPOOL_MAX_BYTES = 256 * 2**20
 DEFAULT_METRICS_PORT = 9478
 DEFAULT_PROBE_ADDRESS = "127.0.0.1:9477"
 
+
+DEFAULT_FR_POLL_S = 5.0
+"""collectors.fr_watch.DEFAULT_POLL_S, written out for --help (like the ethtool timeout)."""
 
 DEFAULT_ETHTOOL_TIMEOUT_S = 0.25
 """collectors.ethtool.DEFAULT_TIMEOUT_S, written out so that --help need not import the
@@ -146,6 +156,20 @@ def build_sources(
                 built.close()
             raise ValidationError(f"source {name} cannot start: {exc}") from exc
     return sources
+
+
+def build_fr_watcher(prefix: str | None, node: str, poll_s: float = DEFAULT_FR_POLL_S) -> FrWatcher:
+    """The flight-recorder watcher of ``minder agent``: dumps ``<prefix><rank>`` (default: the
+    training processes' default, :func:`collectors.flight_recorder.dump_prefix_from_env`).
+
+    Raises
+    ------
+    ValidationError
+        ``prefix`` names no file prefix (it ends with ``/``) or ``poll_s`` is not positive.
+    """
+    from collectors.fr_watch import FrWatcher  # noqa: PLC0415
+
+    return FrWatcher(prefix or None, node=node, poll_s=poll_s)
 
 
 def agent_command(
@@ -259,6 +283,28 @@ def agent_command(
             "batch); --no-goodbye makes every stop look like silence",
         ),
     ] = True,
+    fr: Annotated[
+        bool,
+        typer.Option(
+            "--fr/--no-fr",
+            help="watch the node's PyTorch flight-recorder dumps and send a summary of each new "
+            "one in the batches (the service names the ranks a hung job waits on)",
+        ),
+    ] = True,
+    fr_prefix: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MINDER_AGENT_FR_PREFIX",
+            help="path prefix of the dumps, DIRECTORY/NAME_PREFIX (the files are "
+            "NAME_PREFIX<rank>): what the training processes have in TORCH_FR_DUMP_TEMP_FILE; "
+            "default: that variable (or TORCH_NCCL_DEBUG_INFO_TEMP_FILE) in the agent's "
+            "environment, else /tmp/nccl_trace_rank_",
+            show_default=False,
+        ),
+    ] = None,
+    fr_poll: Annotated[
+        float, typer.Option(help="seconds between two looks at the dump directory")
+    ] = DEFAULT_FR_POLL_S,
     wire_format: Annotated[
         WireFormat,
         typer.Option(
@@ -285,6 +331,8 @@ def agent_command(
         raise fail(f"--pfc-priority is {pfc_priority!r}: expected 0 to 7")
     if not ethtool_timeout > 0:
         raise fail(f"--ethtool-timeout is {ethtool_timeout!r}: expected seconds > 0")
+    if not 0 < fr_poll < math.inf:
+        raise fail(f"--fr-poll is {fr_poll!r}: expected seconds > 0")
     try:
         overrides: dict[str, str] = dict(parse_label(text) for text in label or [])
         if job:
@@ -311,12 +359,20 @@ def agent_command(
         )
     except ValidationError as exc:
         raise fail(exc) from None
+    try:
+        watcher = build_fr_watcher(fr_prefix, identity.node, fr_poll) if fr else None
+    except ValidationError as exc:
+        for source in sources:
+            source.close()
+        raise fail(exc) from None
     agent = Agent(
         sources,
         job=identity.job,
         node=identity.node,
         labels=identity.labels,
         interval_s=interval,
+        # --once sends nothing: dumps are left for the agent that runs
+        flight_recorder=None if once else watcher,
     )
     try:
         if once:
@@ -444,6 +500,11 @@ def _run(
             f"{escape(bootstrap)} ({topic}, {escape(settings.kafka.describe_security())}); "
             f"spool {spool_dir}"
             + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
+            + (
+                f"; flight-recorder dumps {escape(agent.flight_recorder.prefix)}<rank>"
+                if agent.flight_recorder is not None
+                else "; no flight-recorder dumps"
+            )
             + ("" if goodbye else "; no goodbye")
             + (f"; signed (key {signer.key.kid})" if signer else "; UNSIGNED (no --signing-key)")
             + "; Ctrl-C stops"

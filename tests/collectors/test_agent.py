@@ -6,8 +6,10 @@ import logging
 import math
 import shutil
 import subprocess
+import time
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -15,9 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.agent import Agent, AgentExporter, SenderCounters
 from collectors.base import Collected, ProblemLog
+from collectors.fr_watch import FrWatcher
 from collectors.labels import discover_identity, parse_label, slurm_leaf_switch
-from minder.core.codec import decode_batch, encode_batch
+from minder.core.codec import WireFormat, decode_batch, encode_batch
 from minder.core.errors import ValidationError
+from minder.core.hang import MAX_SUMMARIES_PER_BATCH, RankSummary
 from minder.core.metrics import validate_sample
 from minder.core.records import Event, EventKind, Sample
 
@@ -417,3 +421,97 @@ def test_promtool_accepts_the_agent_metrics() -> None:
         for name in sample.labels
     }
     assert not labels & {"job", "instance"}
+
+
+# -- flight-recorder dumps ----------------------------------------------------------------------
+
+FR_DUMPS = Path(__file__).parent / "fixtures" / "flight_recorder"
+FR_PREFIX = "nccl_trace_rank_"
+
+
+def _fr_agent(directory: Path, *sources: FakeSource) -> tuple[Agent, FrWatcher]:
+    watcher = FrWatcher(f"{directory}/{FR_PREFIX}", node="n1", poll_s=5.0)
+    agent = Agent(
+        sources or [FakeSource("host", [("cpu_util_ratio", "", 0.25)])],
+        job="j1",
+        node="n1",
+        labels={"group": "pp0"},
+        flight_recorder=watcher,
+    )
+    return agent, watcher
+
+
+def test_new_dumps_ride_in_one_batch_and_skipped_files_are_counted_on_metrics(
+    tmp_path: Path,
+) -> None:
+    for rank in (0, 1):
+        shutil.copy(FR_DUMPS / "v1" / f"{FR_PREFIX}{rank}", tmp_path / f"{FR_PREFIX}{rank}")
+    (tmp_path / f"{FR_PREFIX}7").write_text("no dump")
+    agent, _ = _fr_agent(tmp_path)
+    exporter = AgentExporter(agent)
+    t0 = time.time()
+    batches = [agent.collect_once(t0 + second) for second in range(12)]  # 1 s interval
+    carrying = [i for i, b in enumerate(batches) if b.flight_recorder]
+    assert carrying == [5]  # listed at 0 s, unchanged at 5 s: taken, sent once
+    summaries = batches[5].flight_recorder
+    assert sorted(s.rank for s in summaries) == [0, 1] and {s.node for s in summaries} == {"n1"}
+    assert batches[5].samples == [("cpu_util_ratio", "", 0.25)]
+    for fmt in WireFormat:
+        assert decode_batch(encode_batch(batches[5], fmt)).flight_recorder == summaries
+    assert agent.error_counts()[("flight_recorder", "not_a_dump")] == 1
+    families = _families(exporter)
+    errors = {
+        (s.labels["source"], s.labels["reason"]): s.value
+        for s in families["minder_agent_source_errors"]
+    }
+    assert errors[("flight_recorder", "not_a_dump")] == 1
+    assert errors[("flight_recorder", "exception")] == 0
+    assert families["minder_agent_flight_recorder_summaries"][0].value == 2
+    assert families["minder_agent_flight_recorder_pending"][0].value == 0
+    assert "flight_recorder" in {
+        s.labels["source"] for s in families["minder_agent_collect_seconds"]
+    }
+
+
+def test_more_summaries_than_a_batch_carries_go_in_the_next_batches(tmp_path: Path) -> None:
+    agent, watcher = _fr_agent(tmp_path)
+    waiting = [RankSummary(rank=r, version="2.10", groups=(), node="n1") for r in range(150)]
+    watcher.give_back(waiting)
+    sent = [agent.collect_once(T0 + i).flight_recorder for i in range(4)]
+    assert [len(s) for s in sent] == [MAX_SUMMARIES_PER_BATCH, MAX_SUMMARIES_PER_BATCH, 22, 0]
+    assert [s.rank for batch in sent for s in batch] == list(range(150))
+
+
+def test_the_goodbye_carries_the_summaries_still_waiting(tmp_path: Path) -> None:
+    agent, watcher = _fr_agent(tmp_path)
+    agent.collect_once(T0)
+    watcher.give_back([RankSummary(rank=3, version="2.10", groups=(), node="n1")])
+    goodbye = agent.goodbye(T0 + 0.5, "SIGTERM")
+    assert [s.rank for s in goodbye.flight_recorder] == [3] and watcher.pending == 0
+    assert decode_batch(encode_batch(goodbye)).flight_recorder == goodbye.flight_recorder
+
+
+def test_a_raising_watcher_spoils_nothing_else(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent, watcher = _fr_agent(tmp_path)
+    watcher.give_back([RankSummary(rank=1, version="2.10", groups=(), node="n1")])
+
+    def broken(now: float | None = None) -> int:
+        raise RuntimeError("watcher bug")
+
+    monkeypatch.setattr(watcher, "poll", broken)
+    with caplog.at_level(logging.WARNING, logger="collectors.agent"):
+        batches = [agent.collect_once(T0 + i) for i in range(3)]
+    assert all(b.samples == [("cpu_util_ratio", "", 0.25)] for b in batches)
+    assert [s.rank for s in batches[0].flight_recorder] == [1]  # what waited still goes
+    assert agent.error_counts()[("flight_recorder", "exception")] == 3
+    assert caplog.text.count("watcher bug") == 1
+
+
+def test_a_source_named_like_the_watcher_is_refused(tmp_path: Path) -> None:
+    watcher = FrWatcher(f"{tmp_path}/{FR_PREFIX}")
+    with pytest.raises(ValidationError, match="expected each source once"):
+        Agent(
+            [FakeSource("flight_recorder")], job="j", node="n", labels={}, flight_recorder=watcher
+        )

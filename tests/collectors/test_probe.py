@@ -566,3 +566,86 @@ def test_module_level_busy_and_numbers(
     got = collected(source)
     assert got["train_step_number"] == {"rank8": 10.0}
     assert 0.01 <= 2 * got["train_busy_seconds"]["rank8"] - 0.5 < 0.5
+
+
+# -- pauses ---------------------------------------------------------------------------------------
+
+
+def test_pause_datagrams(source: ProbeSource) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(2.0)
+        host, port = listener.getsockname()
+        client = StepProbe(f"{host}:{port}", rank=3)
+        with client.pause("checkpoint"):
+            assert listener.recv(512) == b"minder2 3 pause 1 checkpoint"
+            with client.pause("inner"):  # nested: said once
+                pass
+        assert listener.recv(512) == b"minder2 3 pause 0 checkpoint"
+        with pytest.raises(RuntimeError), client.pause("eval/val set 1" + "x" * 40):
+            raise RuntimeError("the loop's own error goes through")
+        word = b"eval_val_set_1" + b"x" * 18  # 32 characters, others replaced
+        assert listener.recv(512) == b"minder2 3 pause 1 " + word
+        assert listener.recv(512) == b"minder2 3 pause 0 " + word
+        with client.pause(""):
+            pass
+        assert listener.recv(512) == b"minder2 3 pause 1 pause"
+        assert client.sent == 6
+
+
+def test_paused_rank_reports_how_long_until_its_pause_ends(source: ProbeSource) -> None:
+    assert source.address is not None
+    client = StepProbe(source.address, rank=4)
+    other = StepProbe(source.address, rank=5)
+    client.step(1.0, number=7)
+    other.step(1.0, number=7)
+    pause = client.pause("checkpoint")
+    pause.__enter__()
+    got = collected(source)
+    assert got["train_step_number"] == {"rank4": 7.0, "rank5": 7.0}
+    first = got["train_paused_seconds"]["rank4"]
+    assert set(got["train_paused_seconds"]) == {"rank4"} and first > 0
+    time.sleep(0.02)
+    got = collected(source)
+    assert "train_step_seconds" not in got
+    later = got["train_paused_seconds"]["rank4"]
+    assert later >= 0.02 and later > first, "every collect while paused, how long so far"
+    pause.__exit__(None, None, None)
+    assert collected(source) == {"train_paused_seconds": {"rank4": 0.0}}, "0 once it ended"
+    assert collected(source) == {}
+
+
+def test_a_step_ends_a_pause_whose_end_was_lost(source: ProbeSource) -> None:
+    assert source.address is not None
+    send_raw(source.address, b"minder2 6 pause 1 checkpoint")
+    assert collected(source)["train_paused_seconds"]["rank6"] > 0
+    send_raw(source.address, b"minder2 6 8 1.0 -")
+    got = collected(source)
+    assert got["train_paused_seconds"] == {"rank6": 0.0}
+    assert got["train_step_number"] == {"rank6": 8.0}
+    assert "train_paused_seconds" not in collected(source)
+
+
+@pytest.mark.parametrize(
+    "datagram",
+    [
+        b"minder2 6 pause 2 checkpoint",
+        b"minder2 6 pause 1",
+        b"minder2 x pause 1 checkpoint",
+        b"minder2 6 pause 1 " + b"r" * 33,
+        b"minder1 6 pause 1 checkpoint",
+    ],
+)
+def test_malformed_pause_datagrams_are_counted(source: ProbeSource, datagram: bytes) -> None:
+    assert source.address is not None
+    send_raw(source.address, datagram)
+    assert collected(source) == {}
+    assert source.problems.counts == {"bad_datagram": 1}
+
+
+def test_module_level_pause_and_no_listener(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(probe.ADDRESS_ENV, f"127.0.0.1:{free_udp_port()}")
+    with probe.pause("checkpoint"):
+        pass
+    client = probe.default_probe()
+    assert client.sent + client.dropped == 2  # never raises, whatever the kernel says

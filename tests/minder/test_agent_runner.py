@@ -23,6 +23,7 @@ import pytest
 
 from collectors.agent import Agent
 from collectors.base import Collected, ProblemLog
+from collectors.fr_watch import FrWatcher
 from minder.agent_runner import AgentRunner, frame, unframe
 from minder.core.codec import WireFormat, decode_batch
 from minder.core.errors import DecodeError, ValidationError
@@ -804,3 +805,72 @@ def test_a_batch_lost_before_the_spool_does_not_take_its_layout_with_it(tmp_path
     assert len(records) == 1
     _job, payload = unframe(records[0].payload)
     assert "layout_def" in msgpack.unpackb(payload)
+
+
+# -- flight-recorder summaries ------------------------------------------------------------------
+
+FR_DUMPS = Path(__file__).resolve().parents[1] / "collectors" / "fixtures" / "flight_recorder"
+FR_PREFIX = "nccl_trace_rank_"
+
+
+def _fr_runner(tmp_path: Path, sender_factory: Callable[[], object] | None) -> AgentRunner:
+    """A runner whose agent watches ``tmp_path/fr`` (listed every 5 s of batch time: the clock
+    gives one second per collection)."""
+    watcher = FrWatcher(f"{tmp_path}/fr/{FR_PREFIX}", node="node-1", poll_s=5.0)
+    agent = Agent(
+        [CountingSource()],
+        job="job-a",
+        node="node-1",
+        labels={},
+        interval_s=0.01,
+        flight_recorder=watcher,
+    )
+    return AgentRunner(
+        agent,
+        Spool(tmp_path / "spool", 1 << 20),
+        sender_factory,  # type: ignore[arg-type]
+        clock=_clock(time.time()),
+        goodbye=False,
+    )
+
+
+def test_dump_summaries_travel_through_the_spool_to_the_sender_once(tmp_path: Path) -> None:
+    (tmp_path / "fr").mkdir()
+    for rank in (0, 1):
+        source = FR_DUMPS / "v1" / f"{FR_PREFIX}{rank}"
+        (tmp_path / "fr" / f"{FR_PREFIX}{rank}").write_bytes(source.read_bytes())
+    delivered: list[tuple[str, bytes]] = []
+    up = threading.Event()
+    up.set()
+    runner = _fr_runner(tmp_path, lambda: FakeSender(delivered, up))
+    collected = [runner.collect_and_spool() for _ in range(8)]
+    while runner.deliver_once():
+        pass
+    received = [decode_batch(value) for _key, value in delivered]
+    assert len(received) == 8
+    carrying = [b for b in received if b.flight_recorder]
+    assert len(carrying) == 1
+    assert carrying[0].flight_recorder == collected[5].flight_recorder
+    assert sorted(s.rank for s in carrying[0].flight_recorder) == [0, 1]
+    assert {s.node for s in carrying[0].flight_recorder} == {"node-1"}
+
+
+def test_summaries_of_a_batch_that_was_not_spooled_go_in_the_next(tmp_path: Path) -> None:
+    (tmp_path / "fr").mkdir()
+    dump = (FR_DUMPS / "v1" / f"{FR_PREFIX}1").read_bytes()
+    (tmp_path / "fr" / f"{FR_PREFIX}1").write_bytes(dump)
+    runner = _fr_runner(tmp_path, None)
+    real_append = runner.spool.append
+    calls = itertools.count()
+
+    def append(record: bytes) -> int:
+        if next(calls) == 5:  # the batch carrying the summary
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(record)
+
+    runner.spool.append = append  # type: ignore[method-assign]
+    batches = [runner.collect_and_spool() for _ in range(7)]
+    assert runner.stats.spool_errors == 1
+    assert [len(b.flight_recorder) for b in batches] == [0, 0, 0, 0, 0, 1, 1]
+    spooled = [decode_batch(unframe(r.payload)[1]) for r in runner.spool.peek_many(10)]
+    assert [[s.rank for s in b.flight_recorder] for b in spooled] == [[]] * 5 + [[1]]

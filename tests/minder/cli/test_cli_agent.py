@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minder.cli.agent import agent_command, build_sources
+from minder.cli.agent import agent_command, build_fr_watcher, build_sources
 from minder.core.codec import batch_from_dict
 from minder.core.metrics import validate_sample
 
@@ -279,6 +279,11 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
     key_file.write_text(format_node_key(cluster_key.node_key("nk")))
     key_file.chmod(0o600)
     metrics_port = free_port()
+    # A rank's flight-recorder dump on the node: its summary rides in a signed batch.
+    dumps = tmp_path / "fr"
+    dumps.mkdir()
+    fixture = Path(__file__).resolve().parents[2] / "collectors" / "fixtures" / "flight_recorder"
+    (dumps / "nccl_trace_rank_1").write_bytes((fixture / "v1" / "nccl_trace_rank_1").read_bytes())
     try:
         broker = EmbeddedBroker(topics={METRICS_TOPIC: 1, "minder.deadletter.v1": 1}).start()
     except Exception as exc:
@@ -309,6 +314,10 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
             "127.0.0.1",
             "--signing-key",
             str(key_file),
+            "--fr-prefix",
+            f"{dumps}/nccl_trace_rank_",
+            "--fr-poll",
+            "0.05",
         ]
         scraped: list[str] = []
 
@@ -323,6 +332,9 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
                         "minder_agent_batches_sent_total" in body
                         and "minder_agent_batches_sent_total 0.0" not in body
                         and "minder_node_cpu_util_ratio" in body  # from the 2nd collection
+                        and 'minder_agent_flight_recorder_summaries_total{job_id="jk",machine="nk"} '
+                        "1.0"
+                        in body
                     ):
                         scraped.append(body)
                         break
@@ -350,11 +362,13 @@ def test_agent_runs_sends_to_kafka_serves_metrics_and_stops_on_sigterm(tmp_path:
         received: list[NodeBatch] = []
         try:
             deadline = time.monotonic() + 20
-            while not received and time.monotonic() < deadline:
+            while not any(b.flight_recorder for b in received) and time.monotonic() < deadline:
                 consumer.poll_once(received.extend, timeout_ms=200)
         finally:
             consumer.close()
         assert received and {(b.job, b.node) for b in received} == {("jk", "nk")}
+        [summary] = [s for b in received for s in b.flight_recorder]
+        assert (summary.rank, summary.node, summary.source) == (1, "nk", "nccl_trace_rank_1")
         assert auth.verified == len(received) and sum(auth.failures.values()) == 0
     finally:
         broker.close()
@@ -532,3 +546,33 @@ def test_wire_format_choices_are_the_codec_formats() -> None:
     assert inspect.signature(agent_command).parameters["wire_format"].default is AGENT_FORMAT
     hint = typing.get_type_hints(agent_command, include_extras=True)["wire_format"]
     assert typing.get_args(hint)[0] is WireFormat
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fr-prefix", "/var/tmp/"], "expected DIRECTORY/NAME_PREFIX"),
+        (["--fr-poll", "0"], "--fr-poll is 0"),
+    ],
+)
+def test_bad_flight_recorder_options_exit_2(args: list[str], message: str) -> None:
+    result = runner.invoke(
+        app, ["agent", "--once", "--no-nvml", "--job", "j", *args], env=_clean_env()
+    )
+    assert result.exit_code == 2, result.output
+    assert _one_line(message) in _one_line(result.stderr)
+
+
+def test_build_fr_watcher_follows_the_options_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from collectors.fr_watch import DEFAULT_POLL_S
+    from minder.cli.agent import DEFAULT_FR_POLL_S
+
+    assert DEFAULT_FR_POLL_S == DEFAULT_POLL_S  # written out in the CLI for --help
+    watcher = build_fr_watcher(f"{tmp_path}/dumps/trace_", "n7", 2.0)
+    assert (watcher.directory, watcher.file_prefix) == (tmp_path / "dumps", "trace_")
+    assert (watcher.node, watcher.poll_s) == ("n7", 2.0)
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", f"{tmp_path}/fr/nccl_trace_rank_")
+    default = build_fr_watcher(None, "n7")
+    assert (default.directory, default.file_prefix) == (tmp_path / "fr", "nccl_trace_rank_")
