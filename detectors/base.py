@@ -11,6 +11,7 @@ from minder.core.alert import Alert
 
 if TYPE_CHECKING:
     from detectors.straggler import LateRank
+    from minder.core.hang import HangAnalysis
 
 
 class JobDetector(Protocol):
@@ -74,6 +75,16 @@ class CompositeDetector:
         :meth:`detectors.engine.MinderDetector.job_findings`."""
         return job_findings_of(self.parts)
 
+    def hang_analysis(self) -> HangAnalysis | None:
+        """The newest hang analysis of the parts that make one
+        (:meth:`detectors.hang_watch.HangDetector.hang_analysis`), if any."""
+        found = [
+            a
+            for a in (getattr(part, "hang_analysis", lambda: None)() for part in self.parts)
+            if a is not None
+        ]
+        return max(found, key=lambda a: a.analysed_ts) if found else None
+
     def late_ranks(self, k: int) -> list[LateRank]:
         """The job's ``k`` latest ranks, when a part measures lateness."""
         for part in self.parts:
@@ -94,11 +105,8 @@ def job_findings_of(detectors: Sequence[object]) -> list[dict[str, Any]]:
 
 
 def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:
-    """Factory of the default engine (:class:`detectors.engine.MinderDetector`)."""
-    from detectors.engine import MinderDetector  # noqa: PLC0415  (peer imports base's siblings)
-    from detectors.straggler import StragglerDetector  # noqa: PLC0415
+    """Factory of the default engine: the peer engine (:class:`detectors.engine.MinderDetector`),
+    the straggler detector and the live hang detector (:mod:`detectors.hang_watch`)."""
+    from detectors.methods import method_factory  # noqa: PLC0415  (methods imports base)
 
-    cfg = config or DetectorConfig()
-    return lambda: CompositeDetector(
-        [MinderDetector(cfg), StragglerDetector(horizon_s=cfg.horizon_s)]
-    )
+    return method_factory("minder", config=config)

@@ -69,6 +69,7 @@ def method_factory(
             severe_continuity_samples=1,
         )
     from detectors.base import CompositeDetector  # noqa: PLC0415
+    from detectors.hang_watch import HangDetector  # noqa: PLC0415
     from detectors.straggler import StragglerDetector  # noqa: PLC0415
 
     scorer = "pairwise" if method == "pairwise" else "median"
@@ -76,10 +77,13 @@ def method_factory(
     prioritise = "no_prioritisation" not in ablations
 
     def build() -> CompositeDetector:
-        # The peer engine and, beside it, the step-indexed straggler detector.
+        # The peer engine and, beside it, the step-indexed straggler detector and the live
+        # hang detector.
         engine = MinderDetector(
             cfg, model=model, scorer=scorer, denoise=not no_denoiser, prioritise=prioritise
         )
-        return CompositeDetector([engine, StragglerDetector(horizon_s=engine.horizon_s)])
+        return CompositeDetector(
+            [engine, StragglerDetector(horizon_s=engine.horizon_s), HangDetector()]
+        )
 
     return build

@@ -23,7 +23,14 @@ from minder.core.metrics import MetricKind
 
 # Levels and bitmasks are handled by rules, not by distance to peers.
 NOT_SCORED: frozenset[str] = frozenset(
-    {"gpu_pcie_link_gen", "gpu_pcie_link_width", "rdma_port_up", "gpu_throttle_reasons"}
+    {
+        "gpu_pcie_link_gen",
+        "gpu_pcie_link_width",
+        "rdma_port_up",
+        "gpu_throttle_reasons",
+        # A rank paused on purpose (rank 0 writing a checkpoint) is no outlier.
+        "train_paused_seconds",
+    }
 )
 MAD_TO_SIGMA = 1.4826
 _PAIRWISE_CHUNK = 512

@@ -11,6 +11,9 @@ The window also keeps the job's membership: a machine that said goodbye (a ``lea
 left with a batch of others is *departed* until it reports again; a machine that (re)joins is
 compared with its peers only once it has a full window (:attr:`JobWindow.joined_sec`). The
 changes are queued as :class:`MembershipChange` for the service to log and count.
+
+Flight-recorder summaries that batches carry (:attr:`NodeBatch.flight_recorder`) are kept, the
+latest per rank, until a detector takes them (:meth:`JobWindow.take_flight_records`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import logging
 import math
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from minder.core.hang import RankSummary
 from minder.core.metrics import METRICS, MetricSpec
 from minder.core.records import Event, EventKind, NodeBatch
 
@@ -86,6 +90,9 @@ class WindowLimits:
     event_skew_s
         An event dated farther than this from its batch's time is refused (a broken or
         hostile clock: an onset in 1970 or in 2096).
+    max_flight_records
+        Distinct ranks whose flight-recorder summary waits for a detector; a summary of a
+        further rank is refused (a newer one of a rank already held replaces it).
     """
 
     max_machines: int = 20_000
@@ -94,6 +101,7 @@ class WindowLimits:
     max_name_length: int = 256
     max_pending_events: int = 10_000
     event_skew_s: float = 300.0
+    max_flight_records: int = 32_768
 
 
 @dataclass(slots=True)
@@ -103,6 +111,8 @@ class WindowStats:
     samples: int = 0
     too_old: int = 0
     events: int = 0
+    flight_records: int = 0
+    """Flight-recorder summaries received (kept, replaced or refused)."""
     rejected: dict[str, int] = field(default_factory=dict)
     """Samples, events and batches refused, by reason (:class:`WindowLimits`)."""
 
@@ -190,6 +200,8 @@ class JobWindow:
         self.newest_sec = NEVER
         self.stats = WindowStats()
         self.events: list[PendingEvent] = []
+        self._flight: dict[int, RankSummary] = {}
+        """The latest flight-recorder summary of each rank, until a detector takes them."""
         # Column indices of each node's sample list, keyed by the tuple of names it sends: a node
         # sends the same names every second, so the per-sample dictionary work happens once.
         self._layout_cache: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
@@ -374,6 +386,8 @@ class JobWindow:
             leaving = False
             if batch.events:
                 leaving = self._add_events(m, batch)
+            if batch.flight_recorder:
+                self._add_flight_records(batch)
             placed = self._gather(m, sec, batch, groups)
             if not placed or leaving:
                 self._place_groups(groups)
@@ -406,6 +420,31 @@ class JobWindow:
             self.events.append(PendingEvent(m, event))
             stats.events += 1
         return leaving
+
+    def _add_flight_records(self, batch: NodeBatch) -> None:
+        """Keep a batch's flight-recorder summaries, the latest per rank (by dump time, then
+        arrival), naming the batch's node where a summary names none; beyond
+        ``max_flight_records`` ranks, refused and counted."""
+        held = self._flight
+        for summary in batch.flight_recorder:
+            self.stats.flight_records += 1
+            old = held.get(summary.rank)
+            if old is None and len(held) >= self.limits.max_flight_records:
+                self.stats.reject("too_many_flight_records")
+                continue
+            if old is not None and summary.dumped_ts < old.dumped_ts:
+                self.stats.reject("older_flight_record")
+                continue
+            held[summary.rank] = summary if summary.node else replace(summary, node=batch.node)
+
+    def take_flight_records(self) -> list[RankSummary]:
+        """Remove and return the flight-recorder summaries received since the last call (the
+        latest per rank), ordered by rank."""
+        if not self._flight:
+            return []
+        out = [self._flight[r] for r in sorted(self._flight)]
+        self._flight = {}
+        return out
 
     def _gather(self, m: int, sec: int, batch: NodeBatch, groups: dict[int, _Group]) -> bool:
         """Add a batch's samples to its second's group; False when it has none."""

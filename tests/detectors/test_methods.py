@@ -6,15 +6,17 @@ import pytest
 
 from detectors.base import CompositeDetector
 from detectors.engine import MinderDetector
+from detectors.hang_watch import HangDetector
 from detectors.methods import ABLATIONS, BASELINE_METHODS, METHODS, method_factory
 from detectors.straggler import StragglerDetector
 
 
 def engine(built: object) -> MinderDetector:
-    """The peer engine of an engine method, with the straggler detector beside it."""
+    """The peer engine of an engine method, with the straggler and hang detectors beside it."""
     assert isinstance(built, CompositeDetector)
-    first, second = built.parts
+    first, second, third = built.parts
     assert isinstance(first, MinderDetector) and isinstance(second, StragglerDetector)
+    assert isinstance(third, HangDetector)
     return first
 
 
