@@ -18,7 +18,9 @@ from dashboards.panels import (
     row,
     series_style,
     stat_panel,
+    table_panel,
     timeseries_panel,
+    value_text,
 )
 from minder.core.metrics import METRICS, MetricKind
 
@@ -186,6 +188,47 @@ def build() -> dashboard.Dashboard:
                 min_val=0,
                 stacked=True,
                 fill_opacity=30,
+            )
+        )
+        .with_row(row("Hang"))
+        .with_panel(
+            stat_panel(
+                "Hung",
+                "HUNG while the job's latest hang analysis says every rank waits in a "
+                "collective that some rank never joined (from the ranks' flight-recorder "
+                "dumps; without dumps, while the job-level hang alert is open). The table "
+                "beside it names the ranks the hang waits on; GET /api/v1/jobs/<job>/hang "
+                "gives the whole analysis.",
+                queries((f"max(minder_job_hang{{{JOB}}})", "hung")),
+                unit="none",
+                span=6,
+                height=6,
+                decimals=0,
+                threshold_steps=((None, "green"), (1, "red")),
+                mappings=[value_text({"0": ("no", "green"), "1": ("HUNG", "red")})],
+            )
+        )
+        .with_panel(
+            table_panel(
+                "Hang culprits",
+                "The ranks the job's hang waits on (its latest analysis, while hung; the first "
+                "32 by rank): the machine each runs on, its process group, and why it is "
+                "named: not_joined (it never entered the collective the rest of its group "
+                "waits in), no_dump (the group waits for it and it wrote no dump: killed, or "
+                "stuck holding the GIL), mismatch (it entered it with another op, size or "
+                "dtype), stopped_first (no flight recorder: its steps stopped first). Each "
+                "culprit's machine has a hang alert of its own, which the scheduler actions "
+                "act on.",
+                [
+                    query(
+                        f"max by (rank, machine, group, reason) (minder_hang_culprit{{{JOB}}})",
+                        instant=True,
+                        as_table=True,
+                    )
+                ],
+                rename={"rank": "Rank", "machine": "Machine", "group": "Group", "reason": "Why"},
+                span=18,
+                height=6,
             )
         )
         .with_row(row("Machine $machine"))

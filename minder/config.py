@@ -581,7 +581,7 @@ class ActionSettings(BaseModel):
     target: Literal["none", "slurm", "kubernetes"] = "none"
     enforce: bool = Field(False, description="false: audit what would be done, change nothing")
     act_on: dict[str, float] = Field(
-        default_factory=lambda: {"rule": 0.0, "silence": 60.0, "similarity": 120.0},
+        default_factory=lambda: {"rule": 0.0, "hang": 0.0, "silence": 60.0, "similarity": 120.0},
         description="alert kind -> seconds it must stay open before acting; others notify only",
     )
     opt_out_jobs: list[str] = Field(default_factory=list)

@@ -36,6 +36,8 @@ SERVICE_METRICS = {
     "minder_job_live_slowdown",
     "minder_job_peer_coherence",
     "minder_rank_lateness_seconds",
+    "minder_job_hang",
+    "minder_hang_culprit",
     # a polled metrics source, when configured (minder.service.prometheus_source.SourceMetrics)
     "minder_source_batches_total",
     "minder_source_errors_total",

@@ -10,7 +10,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def find_binary(env_var: str, *candidates: str) -> str | None:
@@ -23,6 +25,19 @@ def find_binary(env_var: str, *candidates: str) -> str | None:
         if path and Path(path).is_file() and os.access(path, os.X_OK):
             return path
     return None
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
+    """``predicate()``'s first true value, asked every ``poll_s``; an AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -9,10 +9,23 @@ from dataclasses import dataclass, field
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ValidationError
 
-DEFAULT_ACT_ON: Mapping[str, float] = {"rule": 0.0, "silence": 60.0, "similarity": 120.0}
+DEFAULT_ACT_ON: Mapping[str, float] = {
+    "rule": 0.0,
+    "hang": 0.0,
+    "silence": 60.0,
+    "similarity": 120.0,
+}
 """Alert kind → seconds the alert must have held (stayed open) before Minder acts. Kinds left out
-(``straggler`` by default) only notify. Rules (XID, ECC, GPU lost, link down) act at once; a
-silent machine and a lasting outlier first get a chance to come back or be dismissed."""
+(``straggler`` by default) only notify. Rules (XID, ECC, GPU lost, link down) and the machines
+a hang waits on (the culprits' own ``hang`` alerts) act at once; a silent machine and a lasting
+outlier first get a chance to come back or be dismissed. The job-level ``hang`` alert names no
+machine and is never acted on (:meth:`ActionPolicy.why_not`)."""
+
+ACTING_KINDS = frozenset({"rule", "similarity", "straggler", "silence", "hang"})
+"""Alert kinds ``act_on`` may name."""
+
+
+_KINDS = "rule, similarity, straggler, silence or hang"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +67,10 @@ class ActionPolicy:
             if kind == AlertKind.SUSPICIOUS_SOURCE.value:
                 raise ValidationError(
                     "act_on kind 'suspicious_source': these alerts say that a report named a "
-                    "machine outside its job; they are never acted on (expected rule, "
-                    "similarity, straggler or silence)"
+                    f"machine outside its job; they are never acted on (expected {_KINDS})"
                 )
-            if kind not in {"rule", "similarity", "straggler", "silence"}:
-                raise ValidationError(
-                    f"act_on kind {kind[:40]!r}: expected rule, similarity, straggler or silence"
-                )
+            if kind not in ACTING_KINDS:
+                raise ValidationError(f"act_on kind {kind[:40]!r}: expected {_KINDS}")
             if not (isinstance(hold, int | float) and math.isfinite(hold) and hold >= 0):
                 raise ValidationError(f"act_on[{kind}] = {hold!r}: expected seconds >= 0")
         if self.max_per_job < 1:
@@ -89,6 +99,13 @@ class ActionPolicy:
         the breaker)."""
         if alert.kind is AlertKind.SUSPICIOUS_SOURCE:
             return "suspicious_source alerts are never acted on: they only notify"
+        if not alert.machine:
+            if alert.kind is AlertKind.HANG:
+                return (
+                    "job-level hang alert: it names no one machine; the machines the hang "
+                    "waits on have hang alerts of their own, and those act"
+                )
+            return f"{alert.kind.value} alert names no machine: nothing to take out"
         if alert.kind.value not in self.act_on:
             acting = sorted(self.act_on) or ["none"]
             return f"{alert.kind.value} alerts only notify (acting kinds: {', '.join(acting)})"

@@ -7,13 +7,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from minder.core.alert import AlertKind, AlertStatus
+from minder.core.hang import CulpritReason
 from minder.storage import (
     AlertRecord,
+    HangRecord,
     JobFinding,
     JobInfo,
     JobStatus,
     MachineScore,
     MachineState,
+    OpenHangAlerts,
     WhatIfRecord,
     WhatIfStatus,
     WhatIfSummary,
@@ -143,6 +146,101 @@ class JobDetailOut(JobOut):
         description="current findings about the job as a whole, by finding and metric; a "
         "finding that ended is not listed"
     )
+
+
+class CulpritOut(BaseModel):
+    """A rank a hang waits on."""
+
+    rank: int = Field(description="the global rank")
+    reason: CulpritReason = Field(
+        description="not_joined: it never enqueued the collective the rest of its group waits "
+        "in; no_dump: the group waits for it and it wrote no flight-recorder dump (killed, or "
+        "stuck holding the GIL); mismatch: it entered that collective with another op, size or "
+        "dtype; stopped_first: (no flight recorder) its step counter stopped before the rest "
+        "of the job's"
+    )
+    machine: str = Field(description="the machine it runs on; empty when unknown")
+    group: str = Field(description="the process group's id, as its entries name it")
+    group_desc: str = Field(description="the group's description (default_pg, ep_group_3)")
+    op: str = Field(description="the collective the group waits in (nccl:all_reduce)")
+    seq: int | None = Field(description="the collective's sequence id within the group")
+    detail: str = Field(description="one line for an operator")
+
+
+class MismatchOut(BaseModel):
+    """Ranks of one group that entered the same collective differently."""
+
+    group: str
+    seq: int
+    field: str = Field(description="op, input_sizes, output_sizes, input_dtypes or output_dtypes")
+    values: dict[str, list[int]] = Field(
+        description="each value seen (as text) and the ranks that had it, the majority first"
+    )
+
+
+class GroupVerdictOut(BaseModel):
+    """Where one process group stands across its ranks."""
+
+    group: str
+    desc: str
+    size: int = Field(description="ranks in the group")
+    stuck: bool = Field(
+        description="some rank waits in a collective not every rank of the group joined"
+    )
+    seq: int | None = Field(description="the sequence id the group waits in")
+    op: str
+    waiting: int = Field(description="ranks that entered `seq` and wait in it")
+    missing: list[int] = Field(description="ranks that never entered `seq` or wrote no dump")
+
+
+class HangAnalysisOut(BaseModel):
+    """The cross-rank verdict on a job's flight-recorder dumps (docs/hangs.md)."""
+
+    hung: bool = Field(description="some process group waits on a rank")
+    culprit_ranks: list[int] = Field(description="every rank named, ascending")
+    culprit_machines: list[str] = Field(description="their machines, by name")
+    culprits: list[CulpritOut] = Field(description="by rank; a rank may be named per group")
+    mismatches: list[MismatchOut]
+    groups: list[GroupVerdictOut] = Field(description="the stuck groups (all, when few)")
+    ranks_seen: int = Field(description="ranks whose dump was analysed")
+    ranks_expected: int = Field(description="ranks of the job per the groups' configurations")
+    versions: list[str] = Field(description="flight-recorder dump versions seen")
+    analysed_ts: float = Field(description="unix seconds: when the analysis was made")
+    culprits_dropped: int = Field(description="culprits beyond the 256 kept")
+    mismatches_dropped: int
+    groups_dropped: int
+    notes: list[str] = Field(description="one-line remarks for people")
+
+
+class HangOut(BaseModel):
+    """A job's latest hang analysis and its open hang alerts."""
+
+    job: str
+    hung: bool = Field(description="the analysis says the job is hung")
+    analysis: HangAnalysisOut
+    analysed_ts: float = Field(description="unix seconds: when the analysis was made")
+    updated_ts: float = Field(description="unix seconds, data time: when the service stored it")
+    job_alert_id: str | None = Field(
+        description="the open (or acknowledged) job-level hang alert, which holds the analysis "
+        "in its evidence and is never acted on; null when none is open"
+    )
+    machine_alert_ids: dict[str, str] = Field(
+        description="machine -> its open (or acknowledged) hang alert: the culprits' machines, "
+        "which the scheduler actions act on"
+    )
+
+    @classmethod
+    def of(cls, record: HangRecord, alerts: OpenHangAlerts) -> HangOut:
+        analysis = record.analysis
+        return cls(
+            job=record.job,
+            hung=analysis.hung,
+            analysis=HangAnalysisOut(**analysis.to_dict()),
+            analysed_ts=record.analysed_ts,
+            updated_ts=record.updated_ts,
+            job_alert_id=alerts.job_alert,
+            machine_alert_ids=dict(alerts.machine_alerts),
+        )
 
 
 class MachineOut(BaseModel):

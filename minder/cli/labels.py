@@ -16,10 +16,11 @@ opposite of the operator's verdict. ``labels export`` therefore writes:
   (their time stays normal data), kept for evaluation and for a trainer that learns from them.
 
 ``fault`` names the fault as ``minder simulate --labels`` does where the alert says it
-(:data:`RULE_FAULTS`, silence → ``machine_unreachable``), else ``<kind>:<metric>`` (e.g.
-``similarity:gpu_power_w``). A domain alert (``machine`` is the domain, ``evidence.
-domain_members`` its machines) gives one row per member machine, as simulated labels do for a
-switch reboot, because training matches labels to machines by name.
+(:data:`RULE_FAULTS`, silence → ``machine_unreachable``, hang → ``hang``), else
+``<kind>:<metric>`` (e.g. ``similarity:gpu_power_w``). A domain alert (``machine`` is the
+domain, ``evidence.domain_members`` its machines) gives one row per member machine, as simulated
+labels do for a switch reboot, because training matches labels to machines by name. An alert
+that names no machine (a job-level ``hang`` alert) gives none.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def fault_name(alert: AlertOut) -> str:
         return RULE_FAULTS[alert["metric"]]
     if alert["kind"] == "silence":
         return "machine_unreachable"
+    if alert["kind"] == "hang":
+        return "hang"
     return f"{alert['kind']}:{alert['metric']}"
 
 
@@ -122,9 +125,10 @@ def label_rows(alert: AlertOut, end: LabelEnd) -> list[dict[str, Any]]:
 
     ``end_ts`` is never before ``start_ts`` nor before the fault's last report. A
     ``suspicious_source`` alert has none: it says a report came from outside its job, not that
-    the machine was faulty.
+    the machine was faulty; nor has an alert that names no machine (the job-level ``hang``
+    alert: the machines its hang waited on have alerts, and rows, of their own).
     """
-    if alert["kind"] == "suspicious_source":
+    if alert["kind"] == "suspicious_source" or not alert["machine"]:
         return []
     start = float(alert["first_ts"])
     last_seen = max(float(alert["last_seen_ts"]), start)

@@ -8,13 +8,16 @@ which a re-send overwrites.
 
 Labels
     ``alertname``  ``MinderRule`` | ``MinderSimilarity`` | ``MinderStraggler`` | ``MinderSilence``
-    | ``MinderSuspiciousSource`` (one per :class:`~minder.core.alert.AlertKind`, so routes and
-    silences can tell a hard fault from a statistical one, and a report the scheduler
-    contradicts from both); ``job_id``, ``machine``, ``kind``, ``metric``; ``severity`` (rule and
-    silence: ``critical``, similarity and suspicious_source: ``warning``, straggler: ``info``);
+    | ``MinderHang`` | ``MinderSuspiciousSource`` (one per :class:`~minder.core.alert.AlertKind`,
+    so routes and silences can tell a hard fault from a statistical one, and a report the
+    scheduler contradicts from both); ``job_id``, ``machine``, ``kind``, ``metric``;
+    ``severity`` (rule, silence and hang: ``critical``, similarity and suspicious_source:
+    ``warning``, straggler: ``info``);
     ``alert_id`` (Minder's id: a fault that comes back after its end is a new alert, as in
     Minder); ``domain`` only for a domain-wide alert (then ``machine`` is the domain's name);
     plus the caller's ``extra_labels`` (``cluster``, ``team``...), which may not override these.
+    A job-level ``hang`` alert names no machine: it has no ``machine`` label (Alertmanager
+    drops empty labels anyway; ``alert_id`` keeps it apart from its culprits' alerts).
 
     Devices and a machine's domain are *not* labels: Minder's store grows an open alert's
     ``devices`` as more of them deviate and fills in its ``domain`` when a later report has one
@@ -77,6 +80,7 @@ ALERTNAMES: Final[Mapping[AlertKind, str]] = MappingProxyType(
         AlertKind.SIMILARITY: "MinderSimilarity",
         AlertKind.STRAGGLER: "MinderStraggler",
         AlertKind.SILENCE: "MinderSilence",
+        AlertKind.HANG: "MinderHang",
         AlertKind.SUSPICIOUS_SOURCE: "MinderSuspiciousSource",
     }
 )
@@ -86,6 +90,7 @@ SEVERITIES: Final[Mapping[AlertKind, str]] = MappingProxyType(
     {
         AlertKind.RULE: "critical",
         AlertKind.SILENCE: "critical",
+        AlertKind.HANG: "critical",
         AlertKind.SIMILARITY: "warning",
         AlertKind.STRAGGLER: "info",
         AlertKind.SUSPICIOUS_SOURCE: "warning",
@@ -118,6 +123,7 @@ _LABEL_NAME: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 _MEMBERS_SHOWN: Final = 5
 _DEVICES_SHOWN: Final = 8
+_RANKS_SHOWN: Final = 8
 
 
 # -- payloads -------------------------------------------------------------------------------
@@ -300,9 +306,23 @@ def _summary(alert: Alert) -> str:
         what = f"a {alert.metric} report names it outside its job, not acted on" + (
             f" ({_truncate(_text(said), 160)})" if said else ""
         )
+    elif alert.kind is AlertKind.HANG:
+        ranks = _ranks(alert.evidence.get("culprit_ranks"))
+        if not alert.machine:
+            return f"[{alert.job}] the job is hung" + (f": it waits on {ranks}" if ranks else "")
+        what = "the job's hang waits on it" + (f" ({ranks})" if ranks else "")
     else:
         what = "stopped reporting while its peers go on"
     return f"[{alert.job}] {alert.machine}: {what}"
+
+
+def _ranks(value: Any) -> str:
+    """``rank 2`` or ``ranks 2, 5, 9…`` of an evidence list of ranks; empty when it has none."""
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        return ""
+    shown = ", ".join(_text(r) for r in value[:_RANKS_SHOWN])
+    more = "…" if len(value) > _RANKS_SHOWN else ""
+    return f"rank{'s' if len(value) > 1 else ''} {shown}{more}"
 
 
 def _description(alert: Alert) -> str:
@@ -358,6 +378,12 @@ def _evidence_facts(alert: Alert) -> list[str]:
         more = "…" if len(members) > _MEMBERS_SHOWN else ""
         size = f" of {_num(ev['domain_size'])}" if ev.get("domain_size") is not None else ""
         facts.append(f"{len(members)}{size} machines of the domain: {shown}{more}")
+    machines = ev.get("culprit_machines")
+    hang = alert.kind is AlertKind.HANG
+    if hang and isinstance(machines, Sequence) and not isinstance(machines, str) and machines:
+        shown = ", ".join(_text(m) for m in machines[:_MEMBERS_SHOWN])
+        more = "…" if len(machines) > _MEMBERS_SHOWN else ""
+        facts.append(f"culprit machines {shown}{more}")
     if ev.get("member_rules"):
         facts.append(f"rules {_truncate(_text(ev['member_rules']), 120)}")
     if ev.get("other_metrics"):

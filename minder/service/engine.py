@@ -23,6 +23,7 @@ from detectors.base import DetectorFactory, JobDetector
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ValidationError
+from minder.core.hang import HangAnalysis
 from minder.core.records import NodeBatch
 from minder.service.admission import (
     CONFIRMED,
@@ -39,7 +40,7 @@ from minder.service.admission import (
     rank_of,
 )
 from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter
-from minder.service.telemetry import ServiceMetrics
+from minder.service.telemetry import HANG_CULPRIT_SERIES, ServiceMetrics
 from minder.storage.records import JobFinding
 
 __all__ = [
@@ -142,6 +143,10 @@ class JobState:
     findings_written_sec: int = NEVER
     findings_refused: bool = False
     """A malformed finding of the detector was logged (once per job)."""
+    hang: HangAnalysis | None = None
+    """The detector's latest hang analysis of the job (None: none made on this worker)."""
+    hang_refused: bool = False
+    """A malformed hang analysis of the detector was logged (once per job)."""
 
 
 class DetectionService:
@@ -217,6 +222,7 @@ class DetectionService:
         self._exported_scores: dict[str, set[tuple[str, ...]]] = {}
         self._exported_lateness: dict[str, set[tuple[str, ...]]] = {}
         self._exported_coherence: dict[str, set[tuple[str, ...]]] = {}
+        self._exported_culprits: dict[str, set[tuple[str, ...]]] = {}
         self.confirmations = confirmations
         self.refusal_log_every_s = refusal_log_every_s
         # New jobs refused lately (minder_refused_jobs_total counts each once) and the machines
@@ -234,6 +240,7 @@ class DetectionService:
         self._unstored: list[Alert] = []
         self.max_unstored = 10_000
         self._future_nodes: set[tuple[str, str]] = set()
+        self._detector_errors: set[tuple[str, str]] = set()
         self.jobs: dict[str, JobState] = {}
         # Alerts raised while a long ingest call was evaluated part-way (see ingest), returned
         # by the next tick.
@@ -622,7 +629,18 @@ class DetectionService:
             self.metrics.job_last_evaluation.labels(window.job).set(state.last_evaluation_wall)
         for sec in range(start, watermark + 1):
             began = time.process_time()
-            raised = state.detector.evaluate(window, sec)
+            try:
+                raised = state.detector.evaluate(window, sec)
+            except Exception as exc:
+                # One job's bad data must not stop every other job's detection: this second of
+                # this job is skipped, said once per job and kind of error.
+                raised = []
+                said = (window.job, type(exc).__name__)
+                if said not in self._detector_errors:
+                    self._detector_errors.add(said)
+                    logger.exception("job %s: detection failed at %d and that second is "
+                                     "skipped (said once per job and error type)",
+                                     window.job[:64], sec)  # fmt: skip
             self.metrics.evaluation_seconds.observe(time.process_time() - began)
             state.evaluated_sec = sec
             for alert in raised:
@@ -659,6 +677,43 @@ class DetectionService:
         if slowdown is not None:
             self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
         self._job_findings(state)
+        self._job_hang(state)
+
+    def _job_hang(self, state: JobState) -> None:
+        """Take the detector's latest hang analysis of the job: when it is a new one, log it,
+        export its culprits (``minder_hang_culprit``, while hung) and hand it to the writer;
+        export ``minder_job_hang`` either way.
+
+        Detectors without ``hang_analysis`` (nor a part with one) have none; the job is then
+        hung only while its job-level hang alert is open.
+        """
+        job = state.window.job
+        latest = _latest_hang(state.detector)
+        if latest is not None and not isinstance(latest, HangAnalysis):
+            try:
+                latest = HangAnalysis.from_dict(latest)
+            except ValidationError as exc:
+                if not state.hang_refused:
+                    state.hang_refused = True
+                    logger.warning("job %s: malformed hang analysis of the detector dropped "
+                                   "(said once per job): %s", job[:64], exc)  # fmt: skip
+                latest = None
+        if latest is not None and latest is not state.hang and latest != state.hang:
+            _log_hang(job, state.hang, latest)
+            state.hang = latest
+            _export_top(
+                self.metrics.hang_culprit,
+                job,
+                self._exported_culprits,
+                _culprit_series(latest),
+            )
+            if self.writer is not None:
+                self.writer.submit_hang(job, float(state.evaluated_sec), latest)
+        if state.hang is not None:
+            hung = state.hang.hung
+        else:
+            hung = AlertKind.HANG.value in self._open_by_machine.get(job, {}).get("", ())
+        self.metrics.job_hang.labels(job).set(1.0 if hung else 0.0)
 
     def _job_findings(self, state: JobState) -> None:
         """Take the detector's current job-level findings: log those that began or ended,
@@ -889,10 +944,13 @@ class DetectionService:
         _export_top(self.metrics.machine_score, job, self._exported_scores, {})
         _export_top(self.metrics.rank_lateness, job, self._exported_lateness, {})
         _export_top(self.metrics.job_peer_coherence, job, self._exported_coherence, {})
+        _export_top(self.metrics.hang_culprit, job, self._exported_culprits, {})
         self._exported_scores.pop(job, None)
+        self._exported_culprits.pop(job, None)
         self._exported_lateness.pop(job, None)
         self._exported_coherence.pop(job, None)
         self._open_by_machine.pop(job, None)
+        self._detector_errors = {e for e in self._detector_errors if e[0] != job}
         self._last_persist.pop(job, None)
         if self.writer is not None:
             self.writer.forget(job)
@@ -913,6 +971,55 @@ def _export_top(
     for labels, value in values.items():
         gauge.labels(job, *labels).set(value)
     exported[job] = set(values)
+
+
+def _latest_hang(detector: object) -> object | None:
+    """The newest hang analysis the detector (or one of its parts) holds, if any."""
+    sources = [getattr(detector, "hang_analysis", None)]
+    if sources[0] is None:
+        sources = [getattr(part, "hang_analysis", None) for part in getattr(detector, "parts", ())]
+    found = [a for a in (source() for source in sources if callable(source)) if a is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+    return max(found, key=lambda a: getattr(a, "analysed_ts", -math.inf))
+
+
+def _culprit_series(analysis: HangAnalysis) -> dict[tuple[str, ...], float]:
+    """``minder_hang_culprit``'s label values after ``job_id`` (rank, machine, group, reason)
+    for the first :data:`HANG_CULPRIT_SERIES` culprits by rank, while the job is hung."""
+    if not analysis.hung:
+        return {}
+    out: dict[tuple[str, ...], float] = {}
+    for c in sorted(analysis.culprits, key=lambda c: (c.rank, c.group, c.reason.value)):
+        labels = (str(c.rank), c.machine, (c.group_desc or c.group)[:64], c.reason.value)
+        out[labels] = 1.0
+        if len(out) >= HANG_CULPRIT_SERIES:
+            break
+    return out
+
+
+def _log_hang(job: str, before: HangAnalysis | None, now: HangAnalysis) -> None:
+    """Log a new hang analysis of the job: at warning level when it says hung (at debug when
+    the hang goes on with the same culprits), at info when it says a hang is over, at debug
+    when nothing changed for an operator."""
+    if now.hung and before is not None and before.hung:
+        level = logging.DEBUG if before.culprit_ranks == now.culprit_ranks else logging.WARNING
+    else:
+        level = logging.WARNING
+    if now.hung:
+        ranks = now.culprit_ranks
+        shown = ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else "")
+        machines = now.culprit_machines
+        names = ", ".join(m[:64] for m in machines[:8]) + (" ..." if len(machines) > 8 else "")
+        logger.log(level, "job %s: hung: it waits on rank(s) %s on %s (%d of %d ranks' dumps "
+                       "analysed; GET /api/v1/jobs/{job}/hang)", job[:64], shown or "none named",
+                       names or "unknown machines", now.ranks_seen,
+                       now.ranks_expected)  # fmt: skip
+    elif before is not None and before.hung:
+        logger.info("job %s: the hang is over (latest analysis at %.0f)", job[:64],
+                    now.analysed_ts)  # fmt: skip
+    else:
+        logger.debug("job %s: hang analysis at %.0f: not hung", job[:64], now.analysed_ts)
 
 
 def _log_findings(

@@ -22,6 +22,9 @@ machines are not peers, a job too small to have peers) go the same way, through
 :meth:`StateWriter.submit_findings`: the detection loop hands over a job's whole set only when
 it changed (:class:`~minder.service.engine.DetectionService` decides), and the writer replaces
 the stored set. A set that could not be written is tried again with the job's next capture.
+A job's latest hang analysis (:class:`~minder.core.hang.HangAnalysis`) goes the same way,
+through :meth:`StateWriter.submit_hang`, whenever the detector makes a new one: the store keeps
+one per job.
 
 Writes are
 timed and counted (``minder_state_writes_total{outcome}``, ``minder_state_write_seconds``,
@@ -42,6 +45,7 @@ from typing import Protocol
 
 import numpy as np
 
+from minder.core.hang import HangAnalysis
 from minder.service.telemetry import ServiceMetrics
 from minder.storage.records import JobFinding
 
@@ -105,8 +109,19 @@ class FindingsStateStore(Protocol):
         ...
 
 
+class HangStateStore(Protocol):
+    """A store that also keeps each job's latest hang analysis."""
+
+    def save_hang_analysis(self, job: str, analysis: HangAnalysis, ts: float) -> None:
+        """Keep ``analysis`` as ``job``'s latest, as of data time ``ts`` (replacing the one
+        before)."""
+        ...
+
+
 _Findings = tuple[float, tuple[JobFinding, ...]]
 """A job's findings to write: ``(data time, the whole set)``."""
+_Hang = tuple[float, HangAnalysis]
+"""A job's latest hang analysis to write: ``(data time, the analysis)``."""
 
 
 @dataclass(slots=True)
@@ -392,6 +407,9 @@ class StateWriter:
         # sets whose write failed: handed back with the job's next capture
         self._findings_retry: dict[str, _Findings] = {}
         self._findings_failing: set[str] = set()
+        self._pending_hangs: dict[str, _Hang] = {}
+        self._hang_retry: dict[str, _Hang] = {}  # as _findings_retry
+        self._hang_failing: set[str] = set()
         self._written: dict[str, _Written] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -417,9 +435,12 @@ class StateWriter:
         findings set of the job whose write failed is handed over again with it."""
         if not self.background:
             retry = self._findings_retry.pop(capture.job, None)
+            hang = self._hang_retry.pop(capture.job, None)
             self._write(capture)
             if retry is not None:
                 self._write_findings(capture.job, *retry)
+            if hang is not None:
+                self._write_hang(capture.job, *hang)
             return
         with self._lock:
             if self._pending.get(capture.job) is not None and self.metrics is not None:
@@ -428,6 +449,9 @@ class StateWriter:
             retry = self._findings_retry.pop(capture.job, None)
             if retry is not None:
                 self._pending_findings.setdefault(capture.job, retry)
+            hang = self._hang_retry.pop(capture.job, None)
+            if hang is not None:
+                self._pending_hangs.setdefault(capture.job, hang)
         self._wake.set()
 
     def submit_findings(self, job: str, ts: float, findings: Sequence[JobFinding]) -> None:
@@ -446,16 +470,35 @@ class StateWriter:
             self._pending_findings[job] = entry
         self._wake.set()
 
+    def submit_hang(self, job: str, ts: float, analysis: HangAnalysis) -> None:
+        """Hand over ``job``'s latest hang analysis (as of data time ``ts``) to replace the
+        stored one; an analysis of the same job not yet written is replaced. Nothing is written
+        when the store keeps no hang analyses."""
+        if getattr(self.store, "save_hang_analysis", None) is None:
+            return
+        entry = (float(ts), analysis)
+        if not self.background:
+            self._hang_retry.pop(job, None)
+            self._write_hang(job, *entry)
+            return
+        with self._lock:
+            self._hang_retry.pop(job, None)
+            self._pending_hangs[job] = entry
+        self._wake.set()
+
     def forget(self, job: str) -> None:
-        """``job`` left this worker: drop what is pending and what was written of it."""
+        """``job`` left this worker: drop what is pending and what was written of it (an
+        analysis handed over is still written: it is the job's latest, whoever takes it)."""
         if not self.background:
             self._written.pop(job, None)
             self._findings_retry.pop(job, None)
+            self._hang_retry.pop(job, None)
             return
         with self._lock:
             self._pending[job] = None
             self._pending_findings.pop(job, None)
             self._findings_retry.pop(job, None)
+            self._hang_retry.pop(job, None)
         self._wake.set()
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -465,7 +508,7 @@ class StateWriter:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending or self._pending_findings or self._busy:
+            while self._pending or self._pending_findings or self._pending_hangs or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
@@ -480,6 +523,7 @@ class StateWriter:
             with self._lock:
                 left = [job for job, c in self._pending.items() if c is not None]
                 left += [job for job in self._pending_findings if job not in left]
+                left += [job for job in self._pending_hangs if job not in left]
             logger.error("job state of %d job(s) not written at shutdown: %s", len(left),
                          ", ".join(job[:64] for job in left[:8]))  # fmt: skip
         self._stop.set()
@@ -495,7 +539,8 @@ class StateWriter:
             with self._lock:
                 pending, self._pending = self._pending, {}
                 findings, self._pending_findings = self._pending_findings, {}
-                self._busy = bool(pending or findings)
+                hangs, self._pending_hangs = self._pending_hangs, {}
+                self._busy = bool(pending or findings or hangs)
             try:
                 for job, capture in pending.items():
                     if capture is None:
@@ -510,6 +555,8 @@ class StateWriter:
                 # after the captures: a job's first findings follow its machines
                 for job, (ts, found) in findings.items():
                     self._write_findings(job, ts, found)
+                for job, (ts, analysis) in hangs.items():
+                    self._write_hang(job, ts, analysis)
             finally:
                 with self._idle:
                     self._busy = False
@@ -620,6 +667,35 @@ class StateWriter:
         if job in self._findings_failing:
             self._findings_failing.discard(job)
             logger.info("findings of job %s saved again", job[:64])
+        self.writes += 1
+        self._count("ok", time.perf_counter() - began, 0)
+
+    def _write_hang(self, job: str, ts: float, analysis: HangAnalysis) -> None:
+        """Keep ``analysis`` as ``job``'s latest; on failure keep it for the job's next capture
+        (unless a newer one is pending by then)."""
+        save = getattr(self.store, "save_hang_analysis", None)
+        if save is None:
+            return
+        began = time.perf_counter()
+        try:
+            save(job, analysis, ts)
+        except Exception as exc:
+            self.failures += 1
+            self._count("error", time.perf_counter() - began, 0)
+            with self._lock:
+                if job not in self._pending_hangs:
+                    self._hang_retry[job] = (ts, analysis)
+            if job not in self._hang_failing:
+                self._hang_failing.add(job)
+                logger.exception("could not save the hang analysis of job %s", job[:64])
+            else:
+                logger.warning(
+                    "could not save the hang analysis of job %s: %s", job[:64], str(exc)[:200]
+                )
+            return
+        if job in self._hang_failing:
+            self._hang_failing.discard(job)
+            logger.info("hang analysis of job %s saved again", job[:64])
         self.writes += 1
         self._count("ok", time.perf_counter() - began, 0)
 

@@ -6,9 +6,11 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from minder.core.alert import Alert
+from minder.core.hang import HangAnalysis
 from minder.service.persistence import JobSnapshot, MachineSnapshot
 from minder.storage.alerts import count_active_alerts_by_machine
 from minder.storage.engine import SessionFactory, read_only
+from minder.storage.hangs import save_hang_analysis
 from minder.storage.jobs import (
     save_job_findings,
     save_scores,
@@ -90,6 +92,11 @@ class SqlStateStore:
         """Replace the job's current job-level findings (none: clear them), as of ``ts``."""
         with self.sessions.begin() as session:
             save_job_findings(session, job, findings, ts)
+
+    def save_hang_analysis(self, job: str, analysis: HangAnalysis, ts: float) -> None:
+        """Keep ``analysis`` as the job's latest hang analysis, as of data time ``ts``."""
+        with self.sessions.begin() as session:
+            save_hang_analysis(session, job, analysis, ts)
 
 
 def _infos(machines: Iterable[MachineSnapshot]) -> list[MachineInfo]:

@@ -22,6 +22,9 @@ from minder.core.signing import AUTH_REASONS
 
 JOB_LABEL = "job_id"
 """The label that names Minder's job (``job`` belongs to Prometheus' scrape configuration)."""
+HANG_CULPRIT_SERIES = 32
+"""``minder_hang_culprit`` series per job at most (the culprits of lowest rank; the API lists
+them all)."""
 
 
 class ServiceMetrics:
@@ -222,6 +225,23 @@ class ServiceMetrics:
             [JOB_LABEL, "metric"],
             registry=r,
         )
+        self.job_hang = Gauge(
+            "minder_job_hang",
+            "1 while the job's latest hang analysis says it is hung (every rank waits in a "
+            "collective some rank never joined; or, without any analysis, while its job-level "
+            "hang alert is open), else 0",
+            [JOB_LABEL],
+            registry=r,
+        )
+        self.hang_culprit = Gauge(
+            "minder_hang_culprit",
+            "1 per culprit of the job's latest hang analysis while it is hung: the rank the "
+            "hang waits on, its machine, its process group and why it is named (not_joined, "
+            f"no_dump, mismatch, stopped_first); the first {HANG_CULPRIT_SERIES} by rank (GET "
+            "/api/v1/jobs/{job}/hang lists them all); gone when the hang ends",
+            [JOB_LABEL, "rank", "machine", "group", "reason"],
+            registry=r,
+        )
         self.job_interval = Gauge(
             "minder_job_sampling_interval_seconds",
             "Sampling interval the job's detection follows (learnt from its data)",
@@ -330,6 +350,7 @@ class ServiceMetrics:
             self.job_slowdown,
             self.job_last_sample,
             self.job_last_evaluation,
+            self.job_hang,
         )
         for gauge in gauges:
             with contextlib.suppress(KeyError):

@@ -30,6 +30,13 @@ from minder.storage.alerts import (
     set_alert_status,
 )
 from minder.storage.engine import SessionFactory, create_engine_for, normalise_url, session_factory
+from minder.storage.hangs import (
+    HangRecord,
+    OpenHangAlerts,
+    get_hang_analysis,
+    open_hang_alerts,
+    save_hang_analysis,
+)
 from minder.storage.health import database_status
 from minder.storage.jobs import (
     count_job_findings,
@@ -79,12 +86,14 @@ __all__ = [
     "ACTIVE_STATUSES",
     "MAX_PAGE",
     "AlertRecord",
+    "HangRecord",
     "JobFinding",
     "JobInfo",
     "JobStatus",
     "MachineInfo",
     "MachineScore",
     "MachineState",
+    "OpenHangAlerts",
     "ScoreRow",
     "Session",
     "SessionFactory",
@@ -107,6 +116,7 @@ __all__ = [
     "finish_report",
     "get_alert",
     "get_alert_record",
+    "get_hang_analysis",
     "get_job",
     "get_report",
     "head_revisions",
@@ -120,9 +130,11 @@ __all__ = [
     "mark_running",
     "normalise_url",
     "open_alerts",
+    "open_hang_alerts",
     "parse_status",
     "parse_whatif_status",
     "record_alert",
+    "save_hang_analysis",
     "save_job_findings",
     "save_layout",
     "save_scores",

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     Double,
     ForeignKey,
@@ -106,6 +107,28 @@ class JobFindingRow(Base):
     since_ts: Mapped[float] = mapped_column(Double)
     updated_ts: Mapped[float] = mapped_column(Double)
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class JobHangRow(Base):
+    """The latest hang analysis of a job (:class:`minder.core.hang.HangAnalysis`): the
+    cross-rank verdict on its flight-recorder dumps, one row per job, replaced by each newer
+    analysis (the one that says the hang is over too)."""
+
+    __tablename__ = "job_hangs"
+
+    job: Mapped[str] = mapped_column(
+        String(255), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    hung: Mapped[bool] = mapped_column(Boolean)
+    culprits: Mapped[int] = mapped_column(Integer)
+    """Culprit ranks of the analysis (the distinct ranks named)."""
+    analysed_ts: Mapped[float] = mapped_column(Double)
+    """When the analysis was made (its ``analysed_ts``), unix seconds."""
+    updated_ts: Mapped[float] = mapped_column(Double)
+    """Data time at which the service stored it."""
+    # plain JSON, not JSONB: read whole only, and its key order is HangAnalysis.to_dict's
+    analysis: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Double)
 
 
 class AlertRow(Base):

@@ -119,6 +119,13 @@ class ServiceCollector:
         yield _gauge("minder_jobs", {}, 1)
         yield _gauge("minder_machines", {}, len(MACHINES))
         yield _gauge("minder_job_machines", {"job_id": JOB}, len(MACHINES))
+        yield _gauge("minder_job_hang", {"job_id": JOB}, 1)
+        culprits = GaugeMetricFamily(
+            "minder_hang_culprit", "", labels=["job_id", "rank", "machine", "group", "reason"]
+        )
+        for rank, reason in ((5, "not_joined"), (6, "no_dump")):
+            culprits.add_metric([JOB, str(rank), MACHINES[rank // 4], "default_pg", reason], 1)
+        yield culprits
         yield _gauge("minder_job_last_sample_timestamp_seconds", {"job_id": JOB}, now - 2)
         yield _gauge("minder_job_last_evaluation_timestamp_seconds", {"job_id": JOB}, now - 1)
         n = 10 * _elapsed()

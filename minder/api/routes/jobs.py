@@ -9,6 +9,7 @@ from fastapi import APIRouter
 
 from minder.api.deps import DbSession
 from minder.api.schemas import (
+    HangOut,
     JobDetailOut,
     JobFindingOut,
     JobOut,
@@ -22,10 +23,12 @@ from minder.storage import (
     JobStatus,
     MachineScore,
     current_scores,
+    get_hang_analysis,
     get_job,
     list_job_findings,
     list_jobs,
     list_machines,
+    open_hang_alerts,
 )
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -96,3 +99,22 @@ def scores(job: str, session: DbSession) -> JobScoresOut:
         )
     out.sort(key=lambda machine: (-machine.top_score, machine.machine))
     return JobScoresOut(job=job, machines=out)
+
+
+@router.get(
+    "/{job}/hang",
+    response_model=HangOut,
+    responses={404: {"model": Problem, "description": "no such job, or no hang analysis of it"}},
+    summary="The latest hang analysis of a job",
+)
+def hang(job: str, session: DbSession) -> HangOut:
+    """The job's latest hang analysis (docs/hangs.md): whether it is hung, the ranks it waits
+    on (culprits) with their machines, process groups and reasons, the collectives entered
+    differently, the stuck groups; with the ids of its open hang alerts (the job-level one and
+    each culprit machine's own).
+
+    404 when the job is unknown or no analysis was made for it (its ranks wrote no
+    flight-recorder dumps, or none reached Minder).
+    """
+    record = get_hang_analysis(session, job)
+    return HangOut.of(record, open_hang_alerts(session, job))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import httpx
 import pytest
 from alertmanager_server import alertmanager_server
 from prometheus_client import CollectorRegistry
+from server_process import wait_for
 from service_settings import cluster_keys
 
 from collectors.sim.output import iter_batches
@@ -65,17 +66,6 @@ def _scenario(job_id: str) -> Scenario:
             ],
         }
     )
-
-
-def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +115,7 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
                 flags, reason = slurm_cluster.node_state(FAULTY)
                 return (flags, reason) if "DRAIN" in flags else None
 
-            _, reason = _wait_for(drained, 60, f"{FAULTY} drained")
+            _, reason = wait_for(drained, 60, f"{FAULTY} drained")
             [alert] = [a for a in stack.service.alerts if a.machine == FAULTY]
             assert alert.job == job_id
             assert reason.startswith(f"minder:{alert.id}") and "gpu_xid_count" in reason
@@ -144,7 +134,7 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
                 ).json()
                 return list(page["items"])
 
-            [raised] = _wait_for(suspicious, 30, "the suspicious_source alert")
+            [raised] = wait_for(suspicious, 30, "the suspicious_source alert")
             assert (raised["machine"], raised["job"]) == (OUTSIDE, job_id)
             assert raised["evidence"]["original_alert_id"] == claimed.id
             assert raised["evidence"]["reason"].startswith(
@@ -163,7 +153,7 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
             def in_alertmanager() -> list[dict[str, Any]]:
                 return [a for a in am.alerts(active="true") if a["labels"].get("machine") == FAULTY]
 
-            [shown] = _wait_for(in_alertmanager, 30, "the alert in Alertmanager")
+            [shown] = wait_for(in_alertmanager, 30, "the alert in Alertmanager")
             assert shown["labels"]["alert_id"] == alert.id
             assert shown["labels"]["alertname"] == "MinderRule"
             assert shown["annotations"]["minder_url"].endswith(f"/api/v1/alerts/{alert.id}")
@@ -175,7 +165,7 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
                     if a["labels"].get("alertname") == "MinderSuspiciousSource"
                 ]
 
-            [flagged] = _wait_for(suspicious_in_alertmanager, 30, "MinderSuspiciousSource")
+            [flagged] = wait_for(suspicious_in_alertmanager, 30, "MinderSuspiciousSource")
             assert flagged["labels"]["machine"] == OUTSIDE
             assert flagged["labels"]["alert_id"] == raised["id"]
 
@@ -192,8 +182,8 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
                 flags, _ = slurm_cluster.node_state(FAULTY)
                 return "DRAIN" not in flags and "ALLOCATED" in flags  # the job runs on
 
-            _wait_for(resumed, 60, f"{FAULTY} resumed")
-            _wait_for(lambda: not in_alertmanager(), 30, "the alert to end in Alertmanager")
+            wait_for(resumed, 60, f"{FAULTY} resumed")
+            wait_for(lambda: not in_alertmanager(), 30, "the alert to end in Alertmanager")
 
             audit = httpx.get(
                 f"{api}/actions", params={"alert_id": alert.id}, headers=operator

@@ -106,7 +106,10 @@ def test_alert_items_carry_every_field(client: TestClient, seeded: dict[str, Ale
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ({"kind": "bogus"}, "'rule', 'similarity', 'straggler', 'silence' or 'suspicious_source'"),
+        (
+            {"kind": "bogus"},
+            "'rule', 'similarity', 'straggler', 'silence', 'hang' or 'suspicious_source'",
+        ),
         ({"status": "closed"}, "'open', 'acknowledged', 'resolved' or 'false_positive'"),
         ({"limit": 0}, "greater than or equal to 1"),
         ({"limit": 501}, "less than or equal to 500"),

@@ -35,7 +35,8 @@ from schemathesis.specs.openapi.checks import (
 
 from minder.api import create_app
 from minder.core.alert import Alert, AlertKind
-from minder.storage import record_alert, session_factory
+from minder.core.hang import Culprit, CulpritReason, HangAnalysis
+from minder.storage import record_alert, save_hang_analysis, session_factory
 from minder.storage.testing import scratch_database
 
 BASE_URL = "http://testserver"
@@ -53,7 +54,8 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
-    """The API on a migrated SQLite file with two alerts, the token set and a what-if root."""
+    """The API on a migrated SQLite file with two alerts and a hang analysis of job ``j1``, the
+    token set and a what-if root."""
     directory = tmp_path_factory.mktemp("schemathesis")
     root = directory / "traces"
     root.mkdir()
@@ -76,6 +78,9 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
                         evidence={"rule": "xid", "values": [1.0, None]},
                     ),
                 )
+            culprit = Culprit(3, CulpritReason.NO_DUMP, "m1", "0", "default_pg", "nccl:all_reduce")
+            hang = HangAnalysis(hung=True, culprits=(culprit,), analysed_ts=1_700_000_005.0)
+            save_hang_analysis(session, "j1", hang, 1_700_000_006.0)
         application = create_app(
             sessions,
             registry=CollectorRegistry(),

@@ -22,3 +22,11 @@ def test_a_suspicious_source_alert_is_no_fault_label() -> None:
     assert label_rows(_alert("suspicious_source", "gpu_xid_count"), LabelEnd.resolved) == []
     [row] = label_rows(_alert("rule", "gpu_xid_count"), LabelEnd.resolved)
     assert (row["machine"], row["kind"], row["end_ts"]) == ("j-n0007", "rule", 200.0)
+
+
+def test_a_hang_labels_its_culprits_machines_not_the_job() -> None:
+    # the job-level alert names no machine: its culprits' own alerts give the rows
+    job_level: Any = {**_alert("hang", "hang"), "machine": "", "devices": []}
+    assert label_rows(job_level, LabelEnd.resolved) == []
+    [row] = label_rows(_alert("hang", "hang"), LabelEnd.last_seen)
+    assert (row["machine"], row["fault"], row["end_ts"]) == ("j-n0007", "hang", 130.0)

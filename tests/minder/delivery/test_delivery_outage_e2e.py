@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server_process import wait_for
 from service_settings import cluster_keys
 from standardwebhooks.webhooks import Webhook
 
@@ -110,17 +111,6 @@ class Receiver:
             self.server = None
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.3)
-
-
 @pytest.fixture
 def broker() -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker() as running:
@@ -170,7 +160,7 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
             stdout=subprocess.DEVNULL,
             stderr=logs.open("ab"),
         )
-        _wait_for(lambda: process.poll() is not None or _ready(api_port), 90, "the service")
+        wait_for(lambda: process.poll() is not None or _ready(api_port), 90, "the service")
         assert process.poll() is None, logs.read_text()[-3000:]
         return process
 
@@ -188,10 +178,10 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
                 for batch in batches:
                     producer.send(batch)
             producer.flush()
-            _wait_for(lambda: len(stored_alerts()) >= 4, 60, "the first alerts")
-            _wait_for(lambda: receiver.calls["error"] >= 4, 30, "failed deliveries")
+            wait_for(lambda: len(stored_alerts()) >= 4, 60, "the first alerts")
+            wait_for(lambda: receiver.calls["error"] >= 4, 30, "failed deliveries")
             receiver.mode = "hang"
-            _wait_for(lambda: receiver.calls["hang"] >= 2, 30, "hung deliveries")
+            wait_for(lambda: receiver.calls["hang"] >= 2, 30, "hung deliveries")
             receiver.stop()  # down
             time.sleep(1.0)
             service.send_signal(signal.SIGKILL)
@@ -201,7 +191,7 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
                 for batch in batches:
                     producer.send(batch)
             producer.flush()
-            _wait_for(lambda: len(stored_alerts()) >= JOBS, 60, "every alert stored")
+            wait_for(lambda: len(stored_alerts()) >= JOBS, 60, "every alert stored")
         receiver.mode = "ok"
         receiver.start()  # back up, same address
 
@@ -215,7 +205,7 @@ def test_every_alert_arrives_signed_once_per_fault_through_outages_and_a_kill(
             return found
 
         expected = {(f"r{j}", f"r{j}-n{j % 8:04d}") for j in range(JOBS)}
-        _wait_for(lambda: expected <= opened_machines(), 90, "every alert at the receiver")
+        wait_for(lambda: expected <= opened_machines(), 90, "every alert at the receiver")
 
         # every delivery verifies with the published verifier
         verifier = Webhook(SECRET)

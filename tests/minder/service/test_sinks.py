@@ -181,3 +181,23 @@ def test_a_resolved_machine_may_be_alerted_again(tmp_path: Path) -> None:
     service._export_open_alerts()
     del service.jobs["j"]
     assert service._deliver(_alert(AlertKind.SIMILARITY, "gpu_power_watts", first_ts=time.time()))
+
+
+def test_the_latest_hang_analysis_of_a_job_replaces_the_one_before(tmp_path: Path) -> None:
+    from minder.core.hang import Culprit, CulpritReason, HangAnalysis
+    from minder.storage.hangs import get_hang_analysis
+
+    store = _store(tmp_path)
+    first = HangAnalysis(
+        hung=True,
+        culprits=(Culprit(2, CulpritReason.NOT_JOINED, "n2", "0", "default_pg"),),
+        ranks_seen=4,
+        ranks_expected=4,
+        analysed_ts=100.0,
+    )
+    store.save_hang_analysis("j", first, 100.0)
+    later = HangAnalysis(hung=False, ranks_seen=4, ranks_expected=4, analysed_ts=160.0)
+    store.save_hang_analysis("j", later, 160.0)
+    with store.sessions() as session:
+        record = get_hang_analysis(session, "j")
+    assert record.analysis == later and record.updated_ts == 160.0

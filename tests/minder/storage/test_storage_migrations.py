@@ -10,16 +10,19 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, delete, func, inspect, select
 
 from minder.core.alert import Alert, AlertKind
+from minder.core.hang import Culprit, CulpritReason, HangAnalysis
 from minder.storage import (
     MachineInfo,
     current_revisions,
     database_status,
+    get_hang_analysis,
     get_job,
     head_revisions,
     list_alerts,
     list_job_findings,
     load_layout,
     record_alert,
+    save_hang_analysis,
     save_job_findings,
     save_layout,
     schema_is_current,
@@ -43,11 +46,13 @@ TABLES = {
     "job_settings",
     "wire_layouts",
     "job_findings",
+    "job_hangs",
 }
-HEAD = frozenset({"0005"})
+HEAD = frozenset({"0006"})
 NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
 NEW_IN_0004 = {"wire_layouts"}
 NEW_IN_0005 = {"job_findings"}
+NEW_IN_0006 = {"job_hangs"}
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -157,8 +162,11 @@ def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
         command.downgrade(config, "0001")
     assert current_revisions(empty_engine) == frozenset({"0001"})
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005}
-    assert TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005} <= tables
+    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005, *NEW_IN_0006}
+    assert (
+        TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005, *NEW_IN_0006}
+        <= tables
+    )
     with sessions() as session:
         assert [a.id for a in list_alerts(session)[0]] == [alert.id]
 
@@ -177,7 +185,10 @@ def test_outbox_migration_downgrades_to_0002_keeping_alerts(empty_engine: Engine
         config.attributes["connection"] = connection
         command.downgrade(config, "0002")
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & (NEW_IN_0003 | NEW_IN_0004 | NEW_IN_0005) and "whatif_reports" in tables
+    assert (
+        not tables & (NEW_IN_0003 | NEW_IN_0004 | NEW_IN_0005 | NEW_IN_0006)
+        and "whatif_reports" in tables
+    )
     upgrade_database(empty_engine)
     assert set(inspect(empty_engine).get_table_names()) >= NEW_IN_0003
     with sessions() as session:
@@ -235,3 +246,38 @@ def test_job_findings_migration_upgrades_from_0004_keeping_jobs_and_downgrades(
         command.downgrade(config, "0004")
     tables = set(inspect(empty_engine).get_table_names())
     assert "job_findings" not in tables and "wire_layouts" in tables
+
+
+def test_job_hangs_migration_upgrades_from_0005_keeping_jobs_and_downgrades(
+    empty_engine: Engine,
+) -> None:
+    """A database of 0005 gains ``job_hangs`` (its jobs kept, with no analysis); the row goes
+    with its job (ON DELETE CASCADE) and with the table on a downgrade."""
+    upgrade_database(empty_engine, "0005")
+    assert "job_hangs" not in inspect(empty_engine).get_table_names()
+    sessions = session_factory(empty_engine)
+    with sessions.begin() as session:
+        upsert_job_machines(session, "j", [MachineInfo("n1")], 10.0)
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    analysis = HangAnalysis(
+        hung=True, culprits=(Culprit(1, CulpritReason.NO_DUMP, "n1"),), analysed_ts=11.0
+    )
+    with sessions.begin() as session:
+        save_hang_analysis(session, "j", analysis, 12.0)
+    with sessions() as session:
+        assert get_hang_analysis(session, "j").analysis == analysis
+    with empty_engine.begin() as connection:
+        foreign = inspect(connection).get_foreign_keys("job_hangs")
+        assert [(fk["referred_table"], fk["options"].get("ondelete")) for fk in foreign] == [
+            ("jobs", "CASCADE")
+        ]
+        connection.execute(delete(Base.metadata.tables["jobs"]))
+        assert connection.execute(select(func.count()).select_from(
+            Base.metadata.tables["job_hangs"])).scalar_one() == 0  # fmt: skip
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0005")
+    tables = set(inspect(empty_engine).get_table_names())
+    assert "job_hangs" not in tables and "job_findings" in tables
