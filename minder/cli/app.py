@@ -91,6 +91,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "keys_app",
         "Signing keys of the node agents: create, rotate, retire, hand out (docs/security.md).",
     ),
+    "hang": LazyCommand(
+        "minder.cli.hang",
+        "hang_app",
+        "Hung jobs: whom the stuck collectives wait on, from flight-recorder dumps.",
+    ),
     "labels": LazyCommand(
         "minder.cli.labels",
         "labels_app",

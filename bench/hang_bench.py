@@ -1,0 +1,340 @@
+"""Hang analysis at scale: read, summarise and analyse the flight-recorder dumps of a
+4,096-rank job (targets: < 5 s and < 1 GB; docs/hangs.md).
+
+Run: ``python bench/hang_bench.py [--ranks 4096 --entries 2000 --frames 4] [--workers N]
+[--dir DIR] [--format table|json]``.
+
+It writes one pickle dump per rank (as ``torch._C._distributed_c10d._dump_fr_trace()`` does:
+``version``, ``pg_config`` with ranks strings, ``pg_status`` keyed by the rank-local pg_id,
+``entries`` with their ``frames``, frame dicts shared between entries as the recorder's
+pickler memoizes them) into a temporary directory, then reads the directory in a fresh child
+process (``read_dump_dir`` + ``analyze``: what ``minder hang analyze DIR`` does) and reports
+its wall time and the peak RSS of the child and of its pool workers.
+
+The job: a world group, tensor-parallel groups of 8 consecutive ranks, pipeline groups of
+ranks ``r, r + world/pp, ...`` (point-to-point sends) and expert-parallel groups of 8 strided
+ranks (all-to-all). Every step runs a TP all-reduce, an EP all-to-all, a PP send and a world
+all-reduce; the ring has wrapped (sequence ids start near 100,000). Three faults in three TP
+groups: a rank that never enqueues the last TP all-reduce, a rank that enters it with another
+size, and a rank that wrote no dump. Their TP peers wait there and so never enqueue the last
+world all-reduce, where every other rank waits: those peers are victims, not culprits. The
+bench exits 1 unless exactly the three faulty ranks are named, with the right reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PREFIX = "nccl_trace_rank_"
+TP = 8
+EP = 8
+PP = 4
+BASE_STEP = 25_000
+"""Steps before the ring's window: sequence ids start near 100,000 (a wrapped ring)."""
+TARGET_S = 5.0
+TARGET_MB = 1024.0
+
+
+def _layout(world: int) -> dict[str, Any]:
+    """Which ranks fault, and how."""
+    tp_groups = world // TP
+    return {
+        "skip": (tp_groups // 5) * TP + 3,
+        "mismatch": (2 * tp_groups // 5) * TP + 5,
+        "no_dump": (3 * tp_groups // 5) * TP + 1,
+    }
+
+
+def _groups(rank: int, world: int) -> dict[str, tuple[str, str, list[int], int]]:
+    """role -> (name, desc, ranks, local pg_id) of ``rank``'s groups."""
+    tp = rank // TP
+    pp_stride = world // PP
+    pp = rank % pp_stride
+    ep_block = (rank // (TP * EP)) * TP * EP
+    ep_lane = rank % TP
+    ep_ranks = [
+        ep_block + ep_lane + TP * i for i in range(EP) if ep_block + ep_lane + TP * i < world
+    ]
+    n_tp = world // TP
+    n_pp = pp_stride
+    return {
+        "world": ("0", "default_pg", list(range(world)), 0),
+        "tp": (str(1 + tp), f"tp_{tp}", list(range(tp * TP, tp * TP + TP)), 1),
+        "pp": (str(1 + n_tp + pp), f"pp_{pp}", list(range(pp, world, pp_stride)), 2),
+        "ep": (
+            str(1 + n_tp + n_pp + ep_block // TP + ep_lane),
+            f"ep_{ep_block}_{ep_lane}",
+            ep_ranks,
+            3,
+        ),
+    }
+
+
+def _frames(op: str, n: int) -> list[dict[str, Any]]:
+    """A stack of ``n`` frames (shared dicts: pickled once, then referenced)."""
+    return [
+        {"name": f"{op}_{i}", "filename": f"/opt/train/model/layer_{i}.py", "line": 100 + i}
+        for i in range(n)
+    ]
+
+
+def make_dump(rank: int, world: int, entries: int, frames: int) -> dict[str, Any] | None:
+    """Rank ``rank``'s dump, or None for the rank that writes none."""
+    faults = _layout(world)
+    if rank == faults["no_dump"]:
+        return None
+    groups = _groups(rank, world)
+    stacks = {op: _frames(op, frames) for op in ("all_reduce", "all_to_all", "send", "barrier")}
+    affected = {r // TP for r in faults.values()}
+    in_faulty_tp = rank // TP in affected
+    steps = entries // 4
+    seq = {role: BASE_STEP for role in groups}
+    out: list[dict[str, Any]] = []
+    schedule = (
+        ("tp", "nccl:all_reduce", [[4096, 1024]], "all_reduce", False),
+        ("ep", "nccl:all_to_all", [[2048, 512]], "all_to_all", False),
+        ("pp", "nccl:send 0->1", [[1024, 1024]], "send", True),
+        ("world", "nccl:all_reduce", [[64]], "all_reduce", False),
+    )
+    status: dict[str, dict[str, int]] = {}
+    record = BASE_STEP * 4
+    last = steps - 1
+    for step in range(steps):
+        for role, op, shape, stack, p2p in schedule:
+            final = step == last
+            if final and role == "tp" and rank == faults["skip"]:
+                continue  # never enqueues the last TP all-reduce
+            if final and role == "world" and in_faulty_tp:
+                continue  # waits in its TP group: never reaches the world all-reduce
+            seq[role] += 1
+            done = not final or (role in ("ep", "pp"))
+            if final and role == "tp" and not in_faulty_tp:
+                done = True
+            sizes = shape
+            if final and role == "tp" and rank == faults["mismatch"]:
+                sizes = [[4096, 512]]
+            name, desc, _, pg_id = groups[role]
+            out.append(
+                {
+                    "record_id": record,
+                    "pg_id": pg_id,
+                    "process_group": (name, desc),
+                    "collective_seq_id": 0 if p2p else seq[role],
+                    "p2p_seq_id": seq[role] if p2p else 0,
+                    "op_id": seq[role],
+                    "profiling_name": op,
+                    "time_created_ns": 1_790_000_000_000_000_000 + record * 1000,
+                    "input_sizes": sizes,
+                    "input_dtypes": ["BFloat16"],
+                    "output_sizes": sizes,
+                    "output_dtypes": ["BFloat16"],
+                    "state": "completed" if done else "started",
+                    "time_discovered_started_ns": 1_790_000_000_000_000_000 + record * 1000 + 5,
+                    "time_discovered_completed_ns": (
+                        1_790_000_000_000_000_000 + record * 1000 + 9 if done else None
+                    ),
+                    "retired": done,
+                    "timeout_ms": 600_000,
+                    "is_p2p": p2p,
+                    "thread_id": "140000000000000",
+                    "thread_name": "pt_main_thread",
+                    "frames": stacks[stack],
+                }
+            )
+            record += 1
+            if not p2p:
+                s = status.setdefault(
+                    str(pg_id),
+                    {
+                        "last_enqueued_collective": -1,
+                        "last_started_collective": -1,
+                        "last_completed_collective": -1,
+                    },
+                )
+                s["last_enqueued_collective"] = seq[role]
+                s["last_started_collective"] = seq[role]
+                if done:
+                    s["last_completed_collective"] = seq[role]
+    return {
+        "version": "2.9",
+        "pg_config": {
+            name: {"name": name, "desc": desc, "ranks": str(ranks)}
+            for name, desc, ranks, _ in groups.values()
+        },
+        "comm_lib_version": "2.21.5",
+        "pg_status": status,
+        "entries": out,
+    }
+
+
+def _write(args: tuple[Path, int, int, int, int, int]) -> int:
+    directory, first, last, world, entries, frames = args
+    size = 0
+    for rank in range(first, last):
+        dump = make_dump(rank, world, entries, frames)
+        if dump is None:
+            continue
+        data = pickle.dumps(dump, protocol=2)
+        (directory / f"{PREFIX}{rank}").write_bytes(data)
+        size += len(data)
+    return size
+
+
+def write_job(directory: Path, world: int, entries: int, frames: int, workers: int) -> int:
+    """Write the job's dumps; returns their total size in bytes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chunk = max(1, world // (8 * workers))
+    jobs = [
+        (directory, a, min(world, a + chunk), world, entries, frames)
+        for a in range(0, world, chunk)
+    ]
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            return sum(pool.map(_write, jobs))
+    return sum(_write(job) for job in jobs)
+
+
+def expected(world: int) -> dict[int, str]:
+    faults = _layout(world)
+    return {
+        faults["skip"]: "not_joined",
+        faults["mismatch"]: "mismatch",
+        faults["no_dump"]: "no_dump",
+    }
+
+
+def measure(directory: Path, workers: int) -> dict[str, Any]:
+    """In this (fresh) process: read + summarise + analyse ``directory``."""
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    started = time.perf_counter()
+    from collectors.flight_recorder import read_dump_dir  # noqa: PLC0415
+    from detectors.hangs import analyze  # noqa: PLC0415
+
+    summaries = read_dump_dir(directory, PREFIX, workers=workers)
+    read_s = time.perf_counter() - started
+    t = time.perf_counter()
+    analysis = analyze(summaries)
+    analyse_s = time.perf_counter() - t
+    return {
+        "read_s": read_s,
+        "analyse_s": analyse_s,
+        "total_s": time.perf_counter() - started,
+        "summaries": len(summaries),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_at_start_mb": base_rss,
+        "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "culprits": {str(c.rank): c.reason.value for c in analysis.culprits},
+        "hung": analysis.hung,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--dir", type=Path, default=None, help="write the dumps here (kept)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure is not None:
+        print(json.dumps(measure(args.measure, args.workers)))
+        return 0
+    if args.ranks % (TP * EP) or args.ranks < TP * EP or args.entries < 8:
+        parser.error(f"--ranks {args.ranks}: expected a multiple of {TP * EP}; --entries >= 8")
+
+    temp = None
+    directory = args.dir
+    if directory is None:
+        temp = tempfile.mkdtemp(prefix="hang-bench-")
+        directory = Path(temp)
+    try:
+        t = time.perf_counter()
+        written = write_job(directory, args.ranks, args.entries, args.frames, args.workers)
+        write_s = time.perf_counter() - t
+        child = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--measure",
+                str(directory),
+                "--workers",
+                str(args.workers),
+                "--frames",
+                str(args.frames),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode != 0:
+            sys.stderr.write(child.stderr[-3000:])
+            return 2
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+    want = {str(r): reason for r, reason in expected(args.ranks).items()}
+    correct = result["culprits"] == want
+    report = {
+        "ranks": args.ranks,
+        "entries_per_rank": args.entries,
+        "frames_per_entry": args.frames,
+        "workers": args.workers,
+        "dump_bytes_total": written,
+        "dump_bytes_per_rank": written // max(1, result["summaries"]),
+        "write_s": round(write_s, 2),
+        "read_s": round(result["read_s"], 3),
+        "analyse_s": round(result["analyse_s"], 3),
+        "total_s": round(result["total_s"], 3),
+        "peak_rss_mb": round(result["peak_rss_mb"], 1),
+        "worker_peak_rss_mb": round(result["worker_peak_rss_mb"], 1),
+        "target_s": TARGET_S,
+        "target_mb": TARGET_MB,
+        "culprits": result["culprits"],
+        "expected": want,
+        "correct": correct,
+    }
+    if args.format == "json":
+        print(json.dumps(report))
+    else:
+        rows = [
+            ("ranks x entries", f"{args.ranks} x {args.entries} ({args.frames} frames each)"),
+            ("dumps", f"{written / 2**20:.0f} MiB ({report['dump_bytes_per_rank']} B per rank)"),
+            ("read + summarise", f"{report['read_s']:.2f} s ({args.workers} workers)"),
+            ("analyse", f"{report['analyse_s']:.3f} s"),
+            ("total", f"{report['total_s']:.2f} s (target < {TARGET_S:.0f} s)"),
+            (
+                "peak RSS",
+                f"{report['peak_rss_mb']:.0f} MB main, "
+                f"{report['worker_peak_rss_mb']:.0f} MB largest worker (target < {TARGET_MB:.0f})",
+            ),
+            ("culprits", ", ".join(f"{r}:{v}" for r, v in sorted(result["culprits"].items()))),
+            ("correct", "yes" if correct else f"NO (expected {want})"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            print(f"{key:<{width}}  {value}")
+    return 0 if correct else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

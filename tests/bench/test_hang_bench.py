@@ -1,0 +1,54 @@
+"""``bench/hang_bench.py`` stays runnable and checks what it says: a small job's synthetic dumps
+are read in a child process, the three injected culprits are named and nobody else."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "hang_bench.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_a_small_run_names_the_injected_culprits(tmp_path: Path) -> None:
+    done = _run(
+        "--ranks",
+        "128",
+        "--entries",
+        "64",
+        "--workers",
+        "2",
+        "--dir",
+        str(tmp_path),
+        "--format",
+        "json",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["correct"] is True
+    assert report["culprits"] == report["expected"]
+    assert sorted(report["culprits"].values()) == ["mismatch", "no_dump", "not_joined"]
+    # one rank wrote no dump; the rest are pickles with frames, kept in --dir
+    dumps = sorted(tmp_path.iterdir())
+    assert len(dumps) == 127 and report["dump_bytes_per_rank"] > 1000
+    assert report["read_s"] > 0 and report["peak_rss_mb"] > 0
+
+
+def test_table_output_and_bad_sizes() -> None:
+    done = _run("--ranks", "64", "--entries", "16", "--workers", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "correct           yes" in done.stdout
+    bad = _run("--ranks", "100")
+    assert bad.returncode == 2 and "expected a multiple of 64" in bad.stderr
