@@ -48,7 +48,11 @@ ends (a checkpoint writer stuck on a dead file system) is a hang then.
 (:func:`detectors.hangs.analyze`). A hung verdict raises the job-level alert again, with the same
 key, score 2 and the analysis in its evidence (the store folds it into the open one and keeps
 the evidence of the higher score), and one ``hang`` alert per culprit machine. Ranks are placed
-on machines by their dumps, else by the step probe's ``rank<N>`` devices.
+on machines by their dumps, else by the step probe's ``rank<N>`` devices. In a job that reports
+its steps, dumps alone make no hang (an on-demand dump of a working job nearly always catches a
+rank not yet in the next collective): they wait until the step counters say the job is stalled,
+and are dropped if it steps on. A summary of a rank the step probe places on another machine
+than the one that sent it is refused (a node speaks for its own ranks).
 
 **Episodes.** One job-level alert per hang: it ends when a rank steps again; a later hang is a
 new alert (a new ``first_ts``). An analysis raises again only when it names new culprits.
