@@ -70,6 +70,7 @@ from minder.core.hang import (
     FrEntry,
     GroupState,
     RankSummary,
+    group_order,
     rank_runs,
 )
 
@@ -305,11 +306,6 @@ def _ranks_of_list(value: Any) -> tuple[int, ...] | None:
 
 _runs_of = functools.lru_cache(maxsize=1024)(rank_runs)
 """:func:`~minder.core.hang.rank_runs` of a rank tuple, kept (the same groups in every dump)."""
-
-
-def _group_key(name: str) -> tuple[int, int, str]:
-    # isdecimal, not isdigit: "²" is a digit that int() refuses.
-    return (0, int(name), "") if name.isascii() and name.isdecimal() else (1, 0, name)
 
 
 def _pg_name(pg: Any, pg_id: Any) -> tuple[str, str]:
@@ -595,7 +591,7 @@ def summarize(
                     continue
             get(target).status = value
 
-    ordered = sorted(groups.values(), key=lambda g: _group_key(g.name))
+    ordered = sorted(groups.values(), key=lambda g: group_order(g.name))
     kept = ordered[:MAX_GROUPS]
     states: list[GroupState] = []
     for g in kept:

@@ -905,16 +905,10 @@ class HangDetector:
     def _open_recorder_episode(
         self, window: JobWindow, now: int, summaries: Sequence[RankSummary]
     ) -> _Episode:
-        """A hang the flight recorder found before (or without) the step counters: it began
-        at the job's last step where the probe reports steps, else at the first dump."""
-        n = len(self._ranks)
-        advanced = self._ranks.advanced[:n]
-        known = advanced[advanced != NEVER]
-        if known.size:
-            start = int(known.max())
-        else:
-            dumped = [s.dumped_ts for s in summaries if s.dumped_ts > 0]
-            start = math.floor(min(dumped)) if dumped else now
+        """A hang of a job without step counters (in a job with them, dumps wait for the live
+        rule, which opens the episode): it began at the first dump."""
+        dumped = [s.dumped_ts for s in summaries if s.dumped_ts > 0]
+        start = math.floor(min(dumped)) if dumped else now
         first_ts = float(min(max(start, window.first_sec), now))
         probe = Alert(
             job=window.job,
@@ -925,8 +919,7 @@ class HangDetector:
             first_ts=first_ts,
             detected_ts=float(now),
         )
-        last_step = int(known.max()) if known.size else NEVER
-        self._episode = _Episode(first_ts, last_step, probe.id)
+        self._episode = _Episode(first_ts, NEVER, probe.id)
         return self._episode
 
     def _rank_machines(self, window: JobWindow) -> dict[int, str]:

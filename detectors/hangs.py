@@ -69,6 +69,7 @@ from minder.core.hang import (
     RankRun,
     RankSummary,
     expand_runs,
+    group_order,
 )
 
 logger = logging.getLogger(__name__)
@@ -160,11 +161,6 @@ def _value(entry: FrEntry, name: str) -> str | None:
             return None
         return str([list(s) for s in getattr(entry, name)])
     return str(list(getattr(entry, name)))
-
-
-def _group_key(name: str) -> tuple[int, int, str]:
-    # isdecimal, not isdigit: "²" is a digit that int() refuses.
-    return (0, int(name), "") if name.isascii() and name.isdecimal() else (1, 0, name)
 
 
 def _open_p2p(summary: RankSummary | None) -> bool:
@@ -316,7 +312,7 @@ def analyze(
     stuck_groups: list[_Stuck] = []
     healthy: list[_Group] = []
     waits_in: dict[int, list[int]] = {}  # rank -> indices of stuck groups it waits in
-    for g in sorted(groups.values(), key=lambda g: _group_key(g.name)):
+    for g in sorted(groups.values(), key=lambda g: group_order(g.name)):
         progress = {r: _progress(g.states.get(r)) for r in g.members if r in by_rank}
         fronts = [done + 1 for enq, done in progress.values() if enq > done]
         if not fronts:
@@ -441,7 +437,7 @@ def analyze(
             key=lambda c: (
                 _REASON_ORDER[c[1]],
                 len(stuck_groups[c[0]].group.members),
-                _group_key(stuck_groups[c[0]].group.name),
+                group_order(stuck_groups[c[0]].group.name),
             ),
         )
         i, reason = options[0]
@@ -456,7 +452,7 @@ def analyze(
         key=lambda st: (
             not (st.missing or st.mismatched),
             len(st.group.members),
-            _group_key(st.group.name),
+            group_order(st.group.name),
         ),
     )
     verdicts = [_verdict(st) for st in ordered]

@@ -170,6 +170,14 @@ class FrEntry:
         )
 
 
+def group_order(name: str) -> tuple[int, int, str]:
+    """Sort key of process-group ids: numeric ids in numeric order, then named ones.
+
+    ``isdecimal``, not ``isdigit``: "²" is a digit that ``int`` refuses.
+    """
+    return (0, int(name), "") if name.isascii() and name.isdecimal() else (1, 0, name)
+
+
 RankRun = tuple[int, int, int]
 """``(start, stop, step)`` of a ``range``: the ranks ``range(start, stop, step)``."""
 

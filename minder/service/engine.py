@@ -684,11 +684,14 @@ class DetectionService:
         export its culprits (``minder_hang_culprit``, while hung) and hand it to the writer;
         export ``minder_job_hang`` either way.
 
-        Detectors without ``hang_analysis`` (nor a part with one) have none; the job is then
+        Detectors without ``hang_analysis`` have none; the job is then
         hung only while its job-level hang alert is open.
         """
         job = state.window.job
-        latest = _latest_hang(state.detector)
+        # The default composite passes its hang detector's analysis through; detectors
+        # without one (the baselines) have none.
+        found = getattr(state.detector, "hang_analysis", None)
+        latest = found() if callable(found) else None
         if latest is not None and not isinstance(latest, HangAnalysis):
             try:
                 latest = HangAnalysis.from_dict(latest)
@@ -971,17 +974,6 @@ def _export_top(
     for labels, value in values.items():
         gauge.labels(job, *labels).set(value)
     exported[job] = set(values)
-
-
-def _latest_hang(detector: object) -> object | None:
-    """The newest hang analysis the detector (or one of its parts) holds, if any."""
-    sources = [getattr(detector, "hang_analysis", None)]
-    if sources[0] is None:
-        sources = [getattr(part, "hang_analysis", None) for part in getattr(detector, "parts", ())]
-    found = [a for a in (source() for source in sources if callable(source)) if a is not None]
-    if len(found) <= 1:
-        return found[0] if found else None
-    return max(found, key=lambda a: getattr(a, "analysed_ts", -math.inf))
 
 
 def _culprit_series(analysis: HangAnalysis) -> dict[tuple[str, ...], float]:

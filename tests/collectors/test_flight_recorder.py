@@ -41,6 +41,7 @@ from minder.core.hang import (
     FrEntry,
     GroupState,
     RankSummary,
+    group_order,
     rank_runs,
 )
 
@@ -589,7 +590,7 @@ def reference_summarize(d: Any, rank: int, *, source: str = "") -> RankSummary:
                     continue
             get(target)["status"] = value
 
-    ordered = sorted(groups.values(), key=lambda g: fr._group_key(g["name"]))
+    ordered = sorted(groups.values(), key=lambda g: group_order(g["name"]))
     kept = ordered[:MAX_GROUPS]
     states = []
     for g in kept:
