@@ -15,7 +15,7 @@ SIOCETHTOOL ioctl that ``minder agent`` uses by default, which the fixture netde
 that file or ``pynvml`` is missing); the real host source (psutil); and the step probe, to which
 the updater sends 2 steps per second for each of 8 ranks over UDP.
 
-The agent runs as in production (:class:`minder.agent_runner.AgentRunner`: collector and sender
+The agent runs as in production (:class:`minder.agent.runner.AgentRunner`: collector and sender
 threads, encoding, on-disk spool), and with ``--kafka`` sends to an embedded Tansu broker through
 the real sender; without it batches only go to the spool. ``/metrics`` is rendered every
 ``--scrape-every`` seconds (what a Prometheus scrape costs).
@@ -140,7 +140,10 @@ def _ethtool_text(tick: int) -> str:
 def build_node(workdir: Path) -> tuple[Path, Path, Path]:
     """Unpack the sysfs tree, write the ethtool statistics and the fake ethtool command."""
     from collectors.ethtool import rdma_netdevs  # noqa: PLC0415
-    from collectors.ttar import unpack_ttar  # noqa: PLC0415
+
+    if str(REPO / "tests") not in sys.path:
+        sys.path.append(str(REPO / "tests"))  # the ttar unpacker is a test helper
+    from ttar import unpack_ttar  # noqa: PLC0415
 
     unpack_ttar(TTAR, workdir / "tree")
     sysfs = workdir / "tree" / "sys"
@@ -232,16 +235,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from prometheus_client import generate_latest  # noqa: PLC0415
 
     import minder  # noqa: PLC0415
-    import minder.agent_runner  # noqa: PLC0415
     from collectors.agent import Agent, AgentExporter  # noqa: PLC0415
     from collectors.ethtool import EthtoolSource  # noqa: PLC0415
     from collectors.host import HostSource  # noqa: PLC0415
     from collectors.nvml import NvmlSource  # noqa: PLC0415
     from collectors.probe import ProbeSource  # noqa: PLC0415
     from collectors.rdma import RdmaSource  # noqa: PLC0415
-    from minder.agent_runner import AgentRunner  # noqa: PLC0415
     from minder.core.records import METRICS_TOPIC, NodeBatch  # noqa: PLC0415
     from minder.stream.spool import Spool  # noqa: PLC0415
+
+    try:  # the run loop's module: minder/agent/runner.py, before it minder/agent_runner.py
+        runner_module: Any = importlib.import_module("minder.agent.runner")
+    except ImportError:
+        runner_module = importlib.import_module("minder.agent_runner")
 
     workdir = Path(tempfile.mkdtemp(prefix="minder-agent-bench-"))
     broker = None
@@ -286,13 +292,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             del recent[:-5]
 
         spool = Spool(workdir / "spool", 256 * 2**20)
-        runner = AgentRunner(agent, spool, sender_factory, on_batch=on_batch)
+        runner = runner_module.AgentRunner(agent, spool, sender_factory, on_batch=on_batch)
         wire = _WireCounter()
         encoder = getattr(runner, "encoder", None)
         if encoder is not None:  # schema 2 trees: the runner's stateful BatchEncoder
             encoder.encode = wire.wrap(encoder.encode)
         else:  # before schema 2: the runner called the module's encode_batch(batch, fmt)
-            runner_module: Any = minder.agent_runner
             runner_module.encode_batch = wire.wrap(runner_module.encode_batch)
         exporter = AgentExporter(agent)
         exporter.set_sender(runner.sender_counters)

@@ -26,8 +26,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE / "tests"))  # the ttar unpacker is a test helper
 
-from collectors.ttar import unpack_ttar  # noqa: E402
+from ttar import unpack_ttar  # noqa: E402
+
 from minder.core.records import METRICS_TOPIC  # noqa: E402
 from minder.stream import EmbeddedBroker, free_port  # noqa: E402
 

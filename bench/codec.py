@@ -214,7 +214,7 @@ def ingest_cost(machines: int, seconds: int, repeat: int, schemas: list[int]) ->
     """µs per batch of decode + ``DetectionService.ingest`` in polls of :data:`POLL` messages:
     ``seconds`` seconds of a ``machines``-machine job, after one second that fills the window's
     registries (and teaches the decoder the layouts)."""
-    from detectors.base import default_factory  # noqa: PLC0415
+    from detectors.methods import method_factory  # noqa: PLC0415
     from minder.service.engine import DetectionService  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
@@ -240,7 +240,7 @@ def ingest_cost(machines: int, seconds: int, repeat: int, schemas: list[int]) ->
         polls = [rest[i : i + POLL] for i in range(0, len(rest), POLL)]
         times = []
         for _ in range(repeat):
-            service = DetectionService(default_factory(), clock=lambda: t0 + seconds + 2)
+            service = DetectionService(method_factory("minder"), clock=lambda: t0 + seconds + 2)
             service.ingest([decode_batch(p) for p in first])
             started = time.perf_counter()
             for poll in polls:

@@ -51,7 +51,7 @@ def child(args: argparse.Namespace) -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from collectors.sim import iter_batches  # noqa: PLC0415
-    from detectors.base import default_factory  # noqa: PLC0415
+    from detectors.methods import method_factory  # noqa: PLC0415
     from minder.service.engine import DetectionService  # noqa: PLC0415
     from minder.service.telemetry import ServiceMetrics  # noqa: PLC0415
 
@@ -59,7 +59,7 @@ def child(args: argparse.Namespace) -> None:
     simulated = scenario(jobs, args.seconds, time.time() - args.seconds - 5)
     now = [simulated.start_ts]
     service = DetectionService(
-        default_factory(),
+        method_factory("minder"),
         grace_s=2,
         metrics=ServiceMetrics(CollectorRegistry()),
         clock=lambda: now[0],

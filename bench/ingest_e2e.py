@@ -13,7 +13,7 @@ refuses to go on if ``minder`` is imported from elsewhere):
 
 1. **drain**: a topic is filled with ``--seconds`` seconds of one job of ``--machines`` machines
    (8 GPUs, 8 NICs, host metrics and ranks: 182 samples a batch, the simulator's values), each
-   batch encoded by that tree's own agent (:class:`minder.agent_runner.AgentRunner`, so the
+   batch encoded by that tree's own agent (:class:`minder.agent.runner.AgentRunner`, so the
    encoding is whatever the agent sends, schema 1 or 2); then one ``minder serve`` drains it.
    Reported: batches per worker CPU-second (the worker process's CPU time, all threads, from
    psutil, between the first and the last scrape of its ``/metrics`` that saw batches).
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import math
@@ -96,10 +97,12 @@ class AgentEncoders:
     once per agent): the batches are encoded exactly as ``minder agent`` encodes them."""
 
     def __init__(self) -> None:
-        from minder.agent_runner import AgentRunner, unframe  # noqa: PLC0415  (the measured tree, once on the path)
-
-        self._runner_type = AgentRunner
-        self._unframe = unframe
+        try:  # the measured tree, once on the path: minder/agent/runner.py, or before it
+            runner_module = importlib.import_module("minder.agent.runner")
+        except ImportError:  # minder/agent_runner.py
+            runner_module = importlib.import_module("minder.agent_runner")
+        self._runner_type = runner_module.AgentRunner
+        self._unframe = runner_module.unframe
         self._runners: dict[tuple[str, str], tuple[Any, _ReplayAgent, _CapturedSpool]] = {}
 
     def encode(self, batch: Any) -> tuple[bytes, bytes]:

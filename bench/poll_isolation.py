@@ -25,7 +25,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from collectors.sim import Scenario, iter_batches
-from detectors.base import default_factory
+from detectors.methods import method_factory
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService
 from minder.service.telemetry import ServiceMetrics
@@ -48,7 +48,7 @@ def main() -> None:
     seconds = [batches for _, batches in iter_batches(scenario)]
     now = [scenario.start_ts]
     service = DetectionService(
-        default_factory(),
+        method_factory("minder"),
         grace_s=2,
         metrics=ServiceMetrics(CollectorRegistry()),
         clock=lambda: now[0],

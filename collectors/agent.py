@@ -9,7 +9,7 @@ exception type), samples that fail :func:`~minder.core.metrics.validate_sample` 
 
 :class:`AgentExporter` is a prometheus_client custom collector on its own registry: it serves the
 last batch as gauges ``minder_node_<metric>{device}`` plus the agent's own counters, and costs
-nothing between scrapes. Sending (Kafka, spool) lives in ``minder.agent_runner``, which plugs its
+nothing between scrapes. Sending (Kafka, spool) lives in ``minder.agent.runner``, which plugs its
 counters in through :meth:`AgentExporter.set_sender`. :meth:`Agent.goodbye` builds the batch the
 runner sends last on a clean stop (a ``leave`` event: the node leaves its job on purpose).
 
@@ -79,7 +79,7 @@ AGENT_REASONS = ("exception", "invalid_sample", "duplicate")
 
 @dataclass(frozen=True, slots=True)
 class SenderCounters:
-    """What the sender reports to the agent's ``/metrics`` (see ``minder.agent_runner``).
+    """What the sender reports to the agent's ``/metrics`` (see ``minder.agent.runner``).
 
     Attributes
     ----------

@@ -1,4 +1,5 @@
-"""``minder-job``: one job's machines, their scores, and one machine against its peers."""
+"""``minder-job``: one job's machines, their scores, its ranks' slowdown and lateness, and one
+machine against its peers."""
 
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ AGENT_METRICS = [
 The ``_count`` metrics are counters (``..._total``) that need ``rate()``; they are left out.
 """
 
+MACHINE_SERIES_PER_JOB = 4_096
+"""The default bound of ``minder_machine_score_all`` and ``minder_rank_lateness_seconds`` per
+job (``MINDER_DETECTION__MACHINE_SERIES_PER_JOB``)."""
+
+SLOWDOWN_WARN, SLOWDOWN_BAD = 1.05, 1.10
+"""Live S: 5 % is the persistent straggler rule's excess; from 1.10 the what-if verdict names a
+cause (9 % of the job's GPU time lost)."""
+
 JOB = 'job_id="$job_id"'
 MACHINE = 'job_id="$job_id", machine="$machine"'
 PEERS = 'job_id="$job_id", machine!="$machine"'
@@ -69,8 +78,9 @@ def build() -> dashboard.Dashboard:
             query_variable(
                 "machine",
                 "Machine",
-                f"label_values(minder_machine_score{{{JOB}}}, machine)",
-                "Machines of the job that the detector scores",
+                f"label_values(minder_machine_score_all{{{JOB}}}, machine)",
+                "Every machine of the job, a silent one too (up to 4,096 per job, "
+                "MINDER_DETECTION__MACHINE_SERIES_PER_JOB; the highest scores beyond)",
             )
         )
         .with_variable(
@@ -147,13 +157,16 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             heatmap_panel(
                 "Machine scores",
-                "One row per machine, one cell per time step; the colour is the machine's "
-                "score (highest robust peer z-score over all metrics at each evaluation). "
-                "Healthy machines stay pale; a machine that turns dark and stays dark for the "
-                "continuity time (score above the detection threshold, 6 by default) is what "
-                "Minder alerts on. A whole column turning dark is a job-wide event, not one "
-                "faulty machine.",
-                query(f"max by (machine) (minder_machine_score{{{JOB}}})", "{{machine}}"),
+                "One row per machine of the job (minder_machine_score_all: every machine up "
+                "to 4,096 per job, the highest scores beyond; "
+                "MINDER_DETECTION__MACHINE_SERIES_PER_JOB lowers the bound), one cell per time "
+                "step; the colour is the machine's score "
+                "(highest robust peer z-score over all metrics at each evaluation, 0 for a "
+                "machine without one: silent or new). Healthy machines stay pale; a machine that "
+                "turns dark and stays dark for the continuity time (score above the detection "
+                "threshold, 6 by default) is what Minder alerts on. A whole column turning dark "
+                "is a job-wide event, not one faulty machine.",
+                query(f"max by (machine) (minder_machine_score_all{{{JOB}}})", "{{machine}}"),
                 unit="none",
                 height=12,
                 color_max=2 * SCORE_THRESHOLD,
@@ -163,7 +176,8 @@ def build() -> dashboard.Dashboard:
             bargauge_panel(
                 "Highest scores now",
                 "The ten machines of the job with the highest score at the end of the time "
-                "range. Red bars are above the detection threshold (6 by default).",
+                "range (from minder_machine_score, the top 20 of each job). Red bars are above "
+                "the detection threshold (6 by default).",
                 [
                     query(
                         f"topk(10, max by (machine) (minder_machine_score{{{JOB}}}))",
@@ -188,6 +202,105 @@ def build() -> dashboard.Dashboard:
                 min_val=0,
                 stacked=True,
                 fill_opacity=30,
+            )
+        )
+        .with_row(row("Stragglers: live slowdown and rank lateness"))
+        .with_panel(
+            stat_panel(
+                "Live slowdown S",
+                "The job's live slowdown S from its ranks' step and busy times: observed step "
+                "time over the balanced step time (1 = no straggler; minder_job_live_slowdown). "
+                "Orange from 1.05 (the persistent straggler rule's excess), red from 1.10 (the "
+                "what-if verdict names a cause: 9 % of the job's GPU time lost). No data: the "
+                "job reports no step times (train_step_seconds, train_busy_seconds).",
+                queries((f"max(minder_job_live_slowdown{{{JOB}}})", "S")),
+                unit="none",
+                span=4,
+                height=8,
+                decimals=3,
+                threshold_steps=(
+                    (None, "green"),
+                    (SLOWDOWN_WARN, "orange"),
+                    (SLOWDOWN_BAD, "red"),
+                ),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Live slowdown S over time",
+                "The job's live S over time (dashed: 1.05 and 1.10). A step up that stays is a "
+                "straggler slowing the whole job: the lateness heatmap below names its ranks. "
+                "Everyone slower together (a checkpoint, an evaluation phase) leaves S at 1.",
+                queries((f"max(minder_job_live_slowdown{{{JOB}}})", "S")),
+                unit="none",
+                span=10,
+                min_val=1,
+                decimals=3,
+                threshold_steps=(
+                    (None, "green"),
+                    (SLOWDOWN_WARN, "orange"),
+                    (SLOWDOWN_BAD, "red"),
+                ),
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Straggler alerts",
+                "Open or acknowledged straggler alerts of this job over time "
+                "(minder_open_alerts, kind straggler): a rank, or a pipeline stage, slower than "
+                "its peers for long enough (persistent, transient or intermittent). The alerts "
+                "name the machine and rank, with the rank's lateness and S, in the Minder API; "
+                "straggler alerts notify only, the scheduler actions do not act on them.",
+                queries(
+                    (
+                        f'max(minder_open_alerts{{{JOB}, kind="straggler"}})',
+                        "open straggler alerts",
+                    )
+                ),
+                unit="none",
+                span=10,
+                min_val=0,
+                decimals=0,
+                fill_opacity=30,
+                threshold_steps=((None, "green"), (1, "red")),
+            )
+        )
+        .with_panel(
+            heatmap_panel(
+                "Rank lateness",
+                "One row per rank (machine and device), one cell per time step; the colour is "
+                "how long the rank's peers waited for it per step (train_lateness_seconds: its "
+                "peer group's median collective time less its own; "
+                "minder_rank_lateness_seconds). Every rank of the job up to 4,096 (the latest "
+                "beyond), in synchronous jobs with step and collective times. One dark row is a "
+                "straggling rank; a dark band of rows is a slow machine, stage or switch; "
+                "MegaScale's per-rank view.",
+                query(
+                    f"max by (machine, device) (minder_rank_lateness_seconds{{{JOB}}})",
+                    "{{machine}} {{device}}",
+                ),
+                unit="s",
+                span=16,
+                height=10,
+            )
+        )
+        .with_panel(
+            bargauge_panel(
+                "Latest ranks now",
+                "The ten ranks the job waited for longest per step at the end of the time "
+                "range (seconds of their peers' wait per step).",
+                [
+                    query(
+                        "topk(10, max by (machine, device) "
+                        f"(minder_rank_lateness_seconds{{{JOB}}}))",
+                        "{{machine}} {{device}}",
+                        instant=True,
+                    )
+                ],
+                unit="s",
+                span=8,
+                height=10,
+                min_val=0,
             )
         )
         .with_row(row("Hang"))
@@ -239,9 +352,9 @@ def build() -> dashboard.Dashboard:
                 "line is the detection threshold (6 by default); a score that stays above it "
                 "for the continuity time raises a similarity alert.",
                 queries(
-                    (f"max(minder_machine_score{{{MACHINE}}})", "$machine"),
+                    (f"max(minder_machine_score_all{{{MACHINE}}})", "$machine"),
                     (
-                        f"quantile(0.5, max by (machine) (minder_machine_score{{{JOB}}}))",
+                        f"quantile(0.5, max by (machine) (minder_machine_score_all{{{JOB}}}))",
                         "job median",
                     ),
                 ),

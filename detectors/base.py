@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from detectors.config import DetectorConfig
 from detectors.window import JobWindow
 from minder.core.alert import Alert
 
@@ -102,11 +101,3 @@ def job_findings_of(detectors: Sequence[object]) -> list[dict[str, Any]]:
         if found is not None:
             out.extend(found())
     return out
-
-
-def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:
-    """Factory of the default engine: the peer engine (:class:`detectors.engine.MinderDetector`),
-    the straggler detector and the live hang detector (:mod:`detectors.hang_watch`)."""
-    from detectors.methods import method_factory  # noqa: PLC0415  (methods imports base)
-
-    return method_factory("minder", config=config)

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from detectors.config import DetectorConfig, metric_floor
-from detectors.methods import BASELINE_METHODS
 from detectors.scoring import MAD_TO_SIGMA, NOT_SCORED, peer_comparisons, row_nanmedian
 from detectors.window import JobWindow
 from minder.core.alert import Alert, AlertKind
@@ -37,6 +36,9 @@ from minder.core.errors import ValidationError
 from minder.core.metrics import MetricKind
 
 logger = logging.getLogger(__name__)
+
+BASELINE_METHODS: tuple[str, ...] = ("mahalanobis", "iforest", "ecod", "copod", "lof")
+"""Outlier detectors on the same windows (the names :mod:`detectors.methods` builds them by)."""
 
 __all__ = [
     "BASELINE_METHODS",

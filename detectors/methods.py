@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from detectors.base import DetectorFactory
+from detectors.baselines import BASELINE_METHODS, baseline_factory
 from detectors.config import DetectorConfig
 
 if TYPE_CHECKING:
@@ -18,8 +19,7 @@ if TYPE_CHECKING:
 
 ENGINE_METHODS: tuple[str, ...] = ("minder", "pairwise")
 """Our engine with the O(N) median score, and the same engine with the paper's pairwise sum."""
-BASELINE_METHODS: tuple[str, ...] = ("mahalanobis", "iforest", "ecod", "copod", "lof")
-"""Outlier detectors on the same windows (:mod:`detectors.baselines`)."""
+# BASELINE_METHODS (detectors.baselines): outlier detectors on the same windows.
 METHODS: tuple[str, ...] = ENGINE_METHODS + BASELINE_METHODS
 ABLATIONS: tuple[str, ...] = ("no_denoiser", "no_continuity", "no_prioritisation")
 """Parts of the engine a benchmark run can switch off."""
@@ -54,9 +54,7 @@ def method_factory(
     if method in BASELINE_METHODS:
         if ablations or model is not None:
             raise ValueError(f"method {method!r} takes no model and no ablations")
-        from detectors.baselines import baseline_factory  # noqa: PLC0415  (pyod loads lazily)
-
-        return baseline_factory(method, cfg)
+        return baseline_factory(method, cfg)  # pyod loads lazily, when a detector is built
 
     from detectors.engine import MinderDetector  # noqa: PLC0415
 
@@ -87,3 +85,9 @@ def method_factory(
         )
 
     return build
+
+
+def default_factory(config: DetectorConfig | None = None) -> DetectorFactory:
+    """Factory of the default engine: the peer engine (:class:`detectors.engine.MinderDetector`),
+    the straggler detector and the live hang detector (:mod:`detectors.hang_watch`)."""
+    return method_factory("minder", config=config)

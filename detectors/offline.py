@@ -35,7 +35,8 @@ import pandas as pd
 import pyarrow as pa
 from pyarrow import ipc
 
-from detectors.base import DetectorFactory, JobDetector, default_factory
+from detectors.base import DetectorFactory, JobDetector
+from detectors.methods import default_factory
 from detectors.window import JobWindow, MembershipChange
 from minder.core.alert import Alert
 from minder.core.errors import TableError
@@ -79,7 +80,7 @@ class DetectionRun:
     """
 
     alerts: list[Alert] = field(default_factory=list)
-    jobs: dict[str, dict[str, float]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, int]] = field(default_factory=dict)
     membership: list[MembershipChange] = field(default_factory=list)
     """Machines that joined or left (not faults), in time order per job."""
     findings: list[dict[str, Any]] = field(default_factory=list)
@@ -90,7 +91,7 @@ class DetectionRun:
 
     def input_counts(self) -> dict[str, int]:
         """Rows read, and the bad ones, over all jobs."""
-        return {key: int(sum(job.get(key, 0.0) for job in self.jobs.values())) for key in _COUNTS}
+        return {key: sum(job.get(key, 0) for job in self.jobs.values()) for key in _COUNTS}
 
     def summary(self) -> dict[str, object]:
         """Counts per job and overall, for the CLI's JSON."""
@@ -261,20 +262,21 @@ class _Replay:
         """Job-level findings of the replay, in the order first made."""
         return sorted(self.findings.values(), key=lambda f: (f["since_ts"], str(f.get("metric"))))
 
-    def finish(self, out_of_order: int, backwards: int) -> dict[str, float]:
-        """Evaluate the last second; what the job covered (``DetectionRun.jobs``)."""
+    def finish(self, out_of_order: int, backwards: int) -> dict[str, int]:
+        """Evaluate the last second; what the job covered (``DetectionRun.jobs``): counts, and
+        the sampling interval in whole seconds, all integers."""
         self._evaluate(None)
         self.pending = None
         return {
-            "machines": float(self.window.n_machines),
-            "series": float(self.window.n_series),
-            "seconds": float(self.total),
-            "samples": float(self.counts["samples"]),
-            "duplicates": float(self.counts["duplicates"]),
-            "out_of_order": float(out_of_order),
-            "backwards": float(backwards),
-            "too_old": float(self.window.stats.too_old),
-            "interval_s": float(self.window.tick_s),
+            "machines": int(self.window.n_machines),
+            "series": int(self.window.n_series),
+            "seconds": int(self.total),
+            "samples": int(self.counts["samples"]),
+            "duplicates": int(self.counts["duplicates"]),
+            "out_of_order": int(out_of_order),
+            "backwards": int(backwards),
+            "too_old": int(self.window.stats.too_old),
+            "interval_s": int(self.window.tick_s),
         }
 
 
@@ -349,7 +351,7 @@ def _detect_job(
     factory: DetectorFactory,
     progress: Progress | None,
     on_second: SecondHook | None,
-) -> tuple[list[Alert], dict[str, float], list[MembershipChange], list[dict[str, Any]]]:
+) -> tuple[list[Alert], dict[str, int], list[MembershipChange], list[dict[str, Any]]]:
     detector = factory()
     ts = rows["ts"].to_numpy(dtype=np.float64)
     table_secs = np.floor(ts).astype(np.int64)

@@ -6,16 +6,25 @@ arguments. Example: ``MINDER_KAFKA__BOOTSTRAP=broker:9092 MINDER_DATABASE__URL=p
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import json
 import math
 import os
 import re
+import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, get_args, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic import ValidationError as PydanticValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from detectors.config import DetectorConfig
@@ -32,6 +41,100 @@ ENV_DELIMITER = "__"
 
 class SettingsError(ValidationError):
     """A ``MINDER_*`` variable holds a value that is not allowed."""
+
+
+DISTRIBUTION = "minder"
+"""The distribution whose extras :func:`install_hint` names."""
+
+OTHER_VARIABLES: dict[str, str] = {
+    # name -> who reads it; none is a setting, all are documented (a typo of a setting is not)
+    "MINDER_JOB": "minder agent: the job id (deploy/systemd/minder-agent.env)",
+    "MINDER_NODE": "minder agent: the node name",
+    "MINDER_KAFKA": "minder agent unit: its --kafka (deploy/systemd/minder-agent.service)",
+    "MINDER_METRICS_ADDR": "minder agent unit: its --metrics-addr",
+    "MINDER_METRICS_PORT": "minder agent unit: its --metrics-port",
+    "MINDER_AGENT_ARGS": "minder agent unit: further options",
+    "MINDER_AGENT_SIGNING_KEY": "minder agent: the node's signing key",
+    "MINDER_AGENT_FR_PREFIX": "minder agent: --fr-prefix (flight-recorder dumps)",
+    "MINDER_PROBE_ADDR": "training processes: where the agent's step probe listens",
+    "MINDER_API_URL": "minder alerts|actions|breaker: the API's address",
+    "MINDER_API_TOKEN": "minder alerts|actions|breaker: the API token (and the compose trial)",
+    "MINDER_EMBEDDED_BROKER_PARENT": "the embedded broker: the Minder process that started it",
+    "MINDER_TEST_POSTGRES_URL": "the tests: their PostgreSQL server",
+    "MINDER_FAULT_FIGURES": "the fault tests: where their figures go",
+    "MINDER_WEBHOOK_SECRET": "docs/examples/webhook_receiver.py: the endpoint's secret",
+}
+"""``MINDER_*`` variables Minder documents that are not settings: never refused as unknown, and
+never read as settings (``MINDER_KAFKA`` would otherwise be parsed as the whole ``kafka``
+section)."""
+OTHER_PREFIXES: tuple[str, ...] = ("MINDER_LABEL_",)
+"""Families of such variables: ``MINDER_LABEL_<KEY>`` are the agent's placement labels."""
+
+KUBERNETES_SERVICE_LINK = re.compile(
+    r"^MINDER(_[A-Z0-9]+)*_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
+    r"|PORT(_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$"
+)
+"""What Kubernetes sets in every pod of a namespace for a Service named ``minder`` or
+``minder-*`` (service links: ``MINDER_SERVICE_HOST``, ``MINDER_PORT_8080_TCP_ADDR``, ...). They
+are no settings and not Minder's to refuse."""
+
+
+def missing_modules(*modules: str) -> list[str]:
+    """The top-level modules of ``modules`` that cannot be imported here (none is imported)."""
+    missing = []
+    for module in modules:
+        if module in sys.modules:
+            if sys.modules[module] is None:  # blocked, as ``import`` would fail
+                missing.append(module)
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def install_hint(package: str) -> str:
+    """How to install ``package`` for Minder: ``pip install 'minder[kubernetes]'`` when an
+    extra of the installed distribution carries it, else ``pip install 'package'``."""
+    import importlib.metadata  # noqa: PLC0415  (only when something is missing)
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    extras = []
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if name is None or canonical(name.group()) != canonical(package):
+            continue
+        if extra is None:  # a dependency of Minder itself, missing from this environment
+            return f"pip install '{package}' (a dependency of {DISTRIBUTION})"
+        extras.append(extra.group(1))
+    chosen = [e for e in extras if e != "dev"] or extras
+    if chosen:
+        return f"pip install '{DISTRIBUTION}[{chosen[0]}]'"
+    return f"pip install '{package}'"
+
+
+def _needs_packages(what: str, modules: dict[str, str], instead: str) -> None:
+    """Raise the one-line error of ``what`` when a module of ``modules`` (module -> package)
+    is missing: the packages, how to install them, and ``instead`` (what needs none)."""
+    missing = missing_modules(*modules)
+    if not missing:
+        return
+    packages = list(dict.fromkeys(modules[module] for module in missing))
+    names = " and ".join(repr(p) for p in packages)
+    raise ValueError(
+        f"{what} needs the Python package{'s' if len(packages) > 1 else ''} {names}, not "
+        f"installed: {install_hint(packages[0])}, or {instead}"
+    )
 
 
 class KafkaSettings(BaseModel):
@@ -279,6 +382,40 @@ class DatabaseSettings(BaseModel):
     url: str = Field("sqlite:///minder.db", description="SQLAlchemy URL; PostgreSQL in production")
     echo: bool = False
 
+    # dialect -> the drivers Minder runs on it (None: the dialect alone, SQLAlchemy's default)
+    SUPPORTED: ClassVar[dict[str, tuple[str | None, ...]]] = {
+        "sqlite": (None, "pysqlite"),
+        "postgresql": (None, "psycopg"),
+        "postgres": (None, "psycopg"),
+    }
+    EXPECTED: ClassVar[str] = (
+        "expected sqlite:///PATH or postgresql://USER@HOST:PORT/DB (Minder stores its data in "
+        "SQLite or PostgreSQL, through psycopg 3)"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        """A dialect and driver Minder supports, with its driver installed (parsed here, not by
+        SQLAlchemy: settings stay light)."""
+        found = re.match(r"^([A-Za-z][A-Za-z0-9]*)(?:\+([A-Za-z0-9_]+))?://", value.strip())
+        if found is None:
+            raise ValueError(f"not a database URL: {cls.EXPECTED}")
+        dialect, driver = found.group(1).lower(), found.group(2)
+        drivers = cls.SUPPORTED.get(dialect)
+        if drivers is None:
+            raise ValueError(f"database {dialect!r} is not supported: {cls.EXPECTED}")
+        if (driver.lower() if driver else None) not in drivers:
+            raise ValueError(
+                f"driver {driver!r} of {dialect} is not supported: expected "
+                + " or ".join(f"{dialect}+{d}://" if d else f"{dialect}://" for d in drivers)
+            )
+        if dialect != "sqlite":
+            _needs_packages(
+                "a PostgreSQL URL", {"psycopg": "psycopg[binary]"}, "use sqlite:///PATH for a trial"
+            )
+        return value.strip()
+
 
 class ApiSettings(BaseModel):
     """HTTP API (docs/operations.md, *API security*)."""
@@ -387,6 +524,15 @@ class ApiSettings(BaseModel):
             return ["localhost", "127.0.0.1", "[::1]"]
         return ["*"]
 
+    def describe_access(self) -> str:
+        """How the API is guarded, for the start-up line (never the token itself)."""
+        if self.open:
+            return "API open to reads and changes by anyone (MINDER_API__OPEN=true)"
+        if self.token is None:
+            readers = "any client (MINDER_API__OPEN_READS=true)" if self.open_reads else "loopback"
+            return f"API reads from {readers}, changes refused until MINDER_API__TOKEN is set"
+        return "API changes and reads need the token"
+
     @staticmethod
     def _valid_host_pattern(pattern: str) -> bool:
         """``*``, ``*.example.org``, a host name, an IPv4 address or a bracketed IPv6 one."""
@@ -428,6 +574,12 @@ class DetectionSettings(BaseModel):
     admission_not_found_ttl_s: float = Field(
         120.0, gt=0, description="a job the scheduler did not know is asked again after this"
     )
+    job_retention_s: float = Field(
+        3_600.0,
+        ge=0,
+        description="an idle job (no data for 15 minutes: its window dropped) is ended after "
+        "this much longer without data (docs/operations.md, Job lifecycle)",
+    )
     new_job_max_age_s: float = Field(
         86_400.0,
         ge=0,
@@ -444,6 +596,15 @@ class DetectionSettings(BaseModel):
     top_k_scores: int = Field(
         20, ge=1, description="machines per job exported in minder_machine_score"
     )
+    machine_series_per_job: int = Field(
+        4_096,
+        ge=0,
+        le=4_096,
+        description="machines per job exported in minder_machine_score_all (every machine of a "
+        "job up to this bound, the highest scores beyond it) and ranks per job in "
+        "minder_rank_lateness_seconds (the latest beyond it); at most 4,096; 0 = only the "
+        "top_k_scores highest",
+    )
 
     def service_limits(self) -> ServiceLimits:
         """The bounds of one detection worker's state (``minder.service.engine``)."""
@@ -454,6 +615,7 @@ class DetectionSettings(BaseModel):
             max_jobs=self.max_jobs,
             new_job_max_age_s=self.new_job_max_age_s or math.inf,
             top_k_scores=self.top_k_scores,
+            machine_series_per_job=self.machine_series_per_job,
             window=WindowLimits(
                 max_machines=self.max_machines_per_job,
                 max_series_per_machine=self.max_series_per_machine,
@@ -462,6 +624,21 @@ class DetectionSettings(BaseModel):
                 event_skew_s=self.event_skew_s,
             ),
         )
+
+    @field_validator("method", "denoiser")
+    @classmethod
+    def _check_name(cls, value: str, info: ValidationInfo) -> str:
+        """A method of ``detectors.methods``, a denoiser of ``detectors.denoisers`` (imported
+        only when set: the node agent reads these settings too); the LSTM-VAE needs torch."""
+        if info.field_name == "method":
+            from detectors.methods import METHODS as names  # noqa: PLC0415, N811
+        else:
+            from detectors.denoisers import DENOISER_KINDS as names  # noqa: PLC0415, N811
+        if value not in names:
+            raise ValueError(f"unknown {info.field_name}: expected one of {', '.join(names)}")
+        if value == "lstm_vae":
+            _needs_packages("the LSTM-VAE denoiser", {"torch": "torch"}, "choose mean or median")
+        return value
 
     def detector_config(self) -> DetectorConfig:
         """These parameters as the detector takes them."""
@@ -604,6 +781,28 @@ class ActionSettings(BaseModel):
         None, description="Kubernetes: look for a job's pods in this namespace only (none: all)"
     )
 
+    @field_validator("target", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("target")
+    @classmethod
+    def _check_target(cls, value: str) -> str:
+        """The Kubernetes target needs the ``kubernetes`` extra (its client and tenacity)."""
+        if value == "kubernetes":
+            _needs_packages(
+                "the Kubernetes target",
+                {
+                    "kubernetes": "kubernetes",
+                    "urllib3": "kubernetes",
+                    "tenacity": "tenacity",
+                    "yaml": "pyyaml",
+                },
+                "choose target none or slurm",
+            )
+        return value
+
 
 class AuthSettings(BaseModel):
     """Signed node batches (docs/security.md): who may speak for a node."""
@@ -632,6 +831,42 @@ class AuthSettings(BaseModel):
         return None if isinstance(value, str) and not value.strip() else value
 
 
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LogFormat = Literal["auto", "rich", "plain", "json"]
+
+
+class LogSettings(BaseModel):
+    """How the service logs (docs/operations.md, Logs); the level is ``MINDER_LOG_LEVEL``."""
+
+    format: LogFormat = Field(
+        "auto",
+        description="rich: coloured, for a terminal; plain: one line per record with an ISO 8601 "
+        "time (journald, kubectl logs); json: one JSON object per record; auto: rich on a "
+        "terminal, plain otherwise",
+    )
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+class _EnvSource(EnvSettingsSource):
+    """The environment without the ``MINDER_*`` variables that are not settings
+    (:data:`OTHER_VARIABLES`): ``MINDER_KAFKA=host:9092`` of the agent's unit is not the
+    ``kafka`` section."""
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        others = {name.lower() for name in OTHER_VARIABLES}
+        prefixes = tuple(prefix.lower() for prefix in OTHER_PREFIXES)
+        self.env_vars = {
+            name: value
+            for name, value in self.env_vars.items()
+            if name.lower() not in others and not name.lower().startswith(prefixes)
+        }
+
+
 class Settings(BaseSettings):
     """Every setting of Minder."""
 
@@ -650,18 +885,44 @@ class Settings(BaseSettings):
     actions: ActionSettings = Field(default_factory=ActionSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
-    log_level: str = "INFO"
+    log: LogSettings = Field(default_factory=LogSettings)
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR or CRITICAL")
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"unknown log level: expected {', '.join(LOG_LEVELS)}")
+        return level
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:
         """Settings from the environment and ``overrides``; bad values raise one error.
 
+        Every ``MINDER_*`` variable is checked: one that is neither a setting nor one of
+        :data:`OTHER_VARIABLES` is refused with the closest setting's name.
+
         Raises
         ------
         SettingsError
-            Naming the first bad variable, its value (truncated) and what is allowed, e.g.
-            ``MINDER_API__PORT='http': expected a valid integer``.
+            One line naming each unknown variable or the first bad one, its value (truncated)
+            and what is allowed, e.g. ``MINDER_API__PORT='http': expected a valid integer``.
         """
+        unknown = unknown_variables(os.environ)
+        if unknown:
+            raise SettingsError(unknown)
         try:
             return cls(**overrides)
         except PydanticValidationError as exc:
@@ -669,6 +930,63 @@ class Settings(BaseSettings):
         except PydanticSettingsError as exc:
             # pydantic-settings could not parse a list/dict value as JSON; name the variable.
             raise SettingsError(_describe_unparsable(cls, exc)) from None
+
+
+def setting_variables(model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX) -> list[str]:
+    """Every variable that sets a setting, e.g. ``MINDER_API__PORT`` (a section holding models
+    is not one: its fields are)."""
+    names: list[str] = []
+    for name, field in model.model_fields.items():
+        variable = prefix + name.upper()
+        annotation = field.annotation
+        options = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+        section = next(
+            (a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), None
+        )
+        if section is not None and get_origin(annotation) not in (list, dict):
+            names.extend(setting_variables(section, variable + ENV_DELIMITER))
+        else:
+            names.append(variable)
+    return names
+
+
+def _dict_variables(model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX) -> list[str]:
+    """The variables of dict settings, whose keys may be set one by one
+    (``MINDER_ACTIONS__ACT_ON__RULE=0``)."""
+    names: list[str] = []
+    for name, field in model.model_fields.items():
+        variable = prefix + name.upper()
+        annotation = field.annotation
+        if get_origin(annotation) is dict:
+            names.append(variable)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names.extend(_dict_variables(annotation, variable + ENV_DELIMITER))
+    return names
+
+
+def unknown_variables(environ: Mapping[str, str]) -> str | None:
+    """One line naming each ``MINDER_*`` variable of ``environ`` that Minder does not know, with
+    the closest known name (``did you mean MINDER_API__PORT?``); ``None`` when there is none."""
+    settings = setting_variables()
+    known = set(settings) | set(OTHER_VARIABLES)
+    dicts = tuple(name + ENV_DELIMITER for name in _dict_variables())
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        if upper.startswith(OTHER_PREFIXES) or upper.startswith(dicts):
+            continue
+        if KUBERNETES_SERVICE_LINK.match(upper):
+            continue
+        # compared without the prefix, which every name shares and which would make any two alike
+        names = {name[len(ENV_PREFIX) :]: name for name in [*settings, *OTHER_VARIABLES]}
+        close = difflib.get_close_matches(upper[len(ENV_PREFIX) :], names, n=1, cutoff=0.6)
+        hint = f"did you mean {names[close[0]]}?" if close else "see docs/operations.md, Settings"
+        problems.append(f"{name}={_shown(name, environ[name])}: not a Minder variable, {hint}")
+    if not problems:
+        return None
+    return "unknown setting " + "; ".join(problems)
 
 
 _SECRET_PARTS = ("secret", "token", "password")

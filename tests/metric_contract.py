@@ -24,6 +24,7 @@ SERVICE_METRICS = {
     "minder_consumer_lag_messages",
     "minder_consumer_offset",
     "minder_machine_score",
+    "minder_machine_score_all",
     "minder_alerts_total",
     "minder_open_alerts",
     "minder_alert_deliveries_total",

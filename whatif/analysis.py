@@ -261,7 +261,7 @@ def analyze(
         for w, mask in zip(parsed, what_if_masks, strict=True)
     ]
     by_rank = _rank_scores(model, trace, by_name, ratio)
-    timings["replays"] = float(replayer.replays)
+    timings["replays"] = int(replayer.replays)  # a count: an integer in the JSON
     report = WhatIfReport(
         job=trace.name,
         source=trace.source,

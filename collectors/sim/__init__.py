@@ -3,6 +3,7 @@
 Public API (the CLI's ``minder simulate`` calls these)::
 
     scenario = load_scenario(path)              # or Scenario.model_validate(dict)
+    scenario = resolve_scenario("demo")         # a file, or the name of a bundled one
     table = simulate_table(scenario)            # canonical metric table (docs/architecture.md §3.3)
     write_scenario_table(scenario, "out.parquet")
     for ts, batches in iter_batches(scenario, start_ts=time.time()): ...
@@ -24,6 +25,7 @@ from collectors.sim.scenario import (
     bundled_scenario,
     bundled_scenarios,
     load_scenario,
+    resolve_scenario,
 )
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "bundled_scenarios",
     "iter_batches",
     "load_scenario",
+    "resolve_scenario",
     "scenario_labels",
     "simulate_table",
     "write_scenario_labels",

@@ -44,7 +44,7 @@ DEFAULT_XID = 119
 XID_DBE = 48
 XID_FELL_OFF_BUS = 79
 GOODBYE_MESSAGE = "agent stopped: SIGTERM"
-"""Message of the ``leave`` event a cleanly stopped agent sends (minder.agent_runner)."""
+"""Message of the ``leave`` event a cleanly stopped agent sends (minder.agent.runner)."""
 PCIE_GEN5_X16_BYTES = 64e9
 FLAP_S = 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -26,7 +26,29 @@ from collectors.sim.kinds import (
 )
 
 if TYPE_CHECKING:
-    from collectors.sim.scenario import ConfounderSpec, FaultSpec, JobSpec, Scenario
+    from collectors.sim.specs import ConfounderSpec, FaultSpec, JobSpec
+
+
+class ScenarioView(Protocol):
+    """What the resolvers read of a :class:`collectors.sim.scenario.Scenario` (which resolves
+    every injection when it is validated: it imports this module, not the other way round)."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def duration_s(self) -> int: ...
+
+    @property
+    def faults(self) -> tuple[FaultSpec, ...]: ...
+
+    @property
+    def confounders(self) -> tuple[ConfounderSpec, ...]: ...
+
+    def job(self, name: str | None, where: str) -> tuple[int, JobSpec]:
+        """Index and spec of job ``name`` (None: the only job); ``where`` prefixes errors."""
+        ...
+
 
 _FAULT_STREAM = 17
 _CONFOUNDER_STREAM = 18
@@ -84,7 +106,7 @@ class Target:
     halts: bool = False
 
 
-def resolve_fault(scenario: Scenario, index: int) -> Target:
+def resolve_fault(scenario: ScenarioView, index: int) -> Target:
     """Resolve ``scenario.faults[index]``; raise ValueError naming the bad field and value."""
     spec = scenario.faults[index]
     where = f"faults[{index}]"
@@ -119,7 +141,7 @@ def resolve_fault(scenario: Scenario, index: int) -> Target:
     return Target(job_index, (machine,), gpus, nics, domain, start, end, clears, halts=halts)
 
 
-def resolve_confounder(scenario: Scenario, index: int) -> Target:
+def resolve_confounder(scenario: ScenarioView, index: int) -> Target:
     """Resolve ``scenario.confounders[index]``; raise ValueError naming the bad value."""
     spec = scenario.confounders[index]
     where = f"confounders[{index}]"
@@ -143,7 +165,7 @@ def resolve_confounder(scenario: Scenario, index: int) -> Target:
 
 
 def _straggler(
-    scenario: Scenario,
+    scenario: ScenarioView,
     spec: FaultSpec,
     job_index: int,
     job: JobSpec,
@@ -284,7 +306,7 @@ def _slow_spans(
 
 
 def _membership(
-    scenario: Scenario,
+    scenario: ScenarioView,
     spec: ConfounderSpec,
     job_index: int,
     job: JobSpec,
@@ -347,7 +369,7 @@ def _membership(
 
 
 def _span(
-    scenario: Scenario, start_s: float, duration_s: float | None, where: str
+    scenario: ScenarioView, start_s: float, duration_s: float | None, where: str
 ) -> tuple[float, float, bool]:
     if start_s >= scenario.duration_s:
         raise ValueError(

@@ -21,9 +21,9 @@ from minder.api.security import (
     DEFAULT_BODY_TIMEOUT_S,
     install_http_guards,
 )
-from minder.api.whatif_inputs import ScratchSpace
-from minder.api.whatif_runner import WhatIfMetrics, WhatIfRunner
 from minder.core.errors import ValidationError
+from minder.service.whatif_inputs import ScratchSpace
+from minder.service.whatif_runner import WhatIfMetrics, WhatIfRunner
 from minder.storage import SessionFactory
 from minder.storage.outbox import Destination
 

@@ -20,8 +20,8 @@ from minder.api.security import (
     WRONG_TOKEN_DETAIL,
     foreign_origin,
 )
-from minder.api.whatif_inputs import ScratchSpace, relative_to_roots
-from minder.api.whatif_runner import WhatIfRunner
+from minder.service.whatif_inputs import ScratchSpace, relative_to_roots
+from minder.service.whatif_runner import WhatIfRunner
 from minder.storage import Session, SessionFactory
 from minder.storage.engine import read_only
 from minder.storage.outbox import Destination

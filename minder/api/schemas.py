@@ -70,13 +70,25 @@ class TransitionProblem(Problem):
 
 
 class JobOut(BaseModel):
-    """A training job."""
+    """A training job and where it is in its life (docs/operations.md, "Job lifecycle")."""
 
     id: str
-    status: JobStatus
+    status: JobStatus = Field(
+        description="'active' while a detection worker holds the job's window (its machines "
+        "report, or stopped less than 15 minutes ago); 'idle' once its window was dropped (no "
+        "data for 15 minutes, or the worker that held it stopped); 'ended' when its last "
+        "machine said goodbye, or it stayed idle past the retention (MINDER_DETECTION__"
+        "JOB_RETENTION_S). Data makes an idle or ended job active again"
+    )
+    status_since: float = Field(description="unix seconds, wall time: when it entered its status")
+    status_reason: str = Field(description="why it is idle or ended; empty while active")
     first_seen_ts: float = Field(description="unix seconds, data time")
     last_seen_ts: float = Field(description="unix seconds, data time")
-    machine_count: int
+    machine_count: int = Field(description="machines the job has had (GET .../machines)")
+    active_machines: int = Field(
+        description="machines in the job now: reported and not departed (minder_job_machines); "
+        "0 unless active"
+    )
     open_alerts: int = Field(description="open or acknowledged alerts")
     finding_count: int = Field(
         0, description="current job-level findings (listed by GET /api/v1/jobs/{job})"
@@ -88,9 +100,12 @@ class JobOut(BaseModel):
         return cls(
             id=job.id,
             status=job.status,
+            status_since=job.status_since,
+            status_reason=job.status_reason,
             first_seen_ts=job.first_seen_ts,
             last_seen_ts=job.last_seen_ts,
             machine_count=job.machine_count,
+            active_machines=job.active_machines,
             open_alerts=job.open_alerts,
             finding_count=job.finding_count,
             updated_at=job.updated_at,

@@ -345,6 +345,13 @@ class ApiServer(uvicorn.Server):
                 with socket.fromfd(listening.fileno(), listening.family, listening.type) as dup:
                     dup.listen(LISTEN_BACKLOG)
 
+    def bound_port(self) -> int | None:
+        """The TCP port listened on (the one the system chose for port 0), once started."""
+        for server in getattr(self, "servers", ()):
+            for listening in server.sockets:
+                return int(listening.getsockname()[1])
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
@@ -377,6 +384,7 @@ def api_server(app: Any, *, host: str, port: int, limits: ServerLimits) -> ApiSe
         ws="none",  # the API has no WebSocket route
         log_level="warning",
         access_log=False,
+        log_config=None,  # uvicorn's loggers go through Minder's handler (minder.logging_setup)
         # idle keep-alive connections close; a stalled request body is the app's 408
         # (MINDER_API__BODY_TIMEOUT_S)
         timeout_keep_alive=limits.keep_alive_s,

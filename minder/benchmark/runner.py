@@ -31,9 +31,14 @@ from minder.benchmark.evaluate import (
     Summary,
     summarize,
 )
-from minder.benchmark.independent.cases import SUITES as INDEPENDENT_SUITES
 from minder.benchmark.replay import DEFAULT_GRACE_S, replay, simulate
-from minder.benchmark.suite import SUITES, BenchCase, build_suite, build_training_suite
+from minder.benchmark.suite import (
+    INDEPENDENT_SUITES,
+    SUITES,
+    BenchCase,
+    build_suite,
+    build_training_suite,
+)
 from minder.benchmark.truth import slowdown_replay
 from minder.core.errors import MinderError
 from minder.core.table import normalize_table

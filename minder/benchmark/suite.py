@@ -68,6 +68,12 @@ from collectors.sim import FaultType, Scenario
 from collectors.sim.scenario import DEFAULT_METRICS, STRAGGLER_METRICS
 
 SUITES: tuple[str, ...] = ("quick", "standard", "full", "stragglers", "realism")
+INDEPENDENT_SUITES: tuple[str, ...] = ("independent", "independent-large")
+"""Suites of independently generated jobs, run by
+:func:`minder.benchmark.independent.run.run_independent` rather than by the simulator's runner:
+``minder.benchmark.independent.cases.SUITES`` written out, so that the runner need not import
+the independent generator, which imports the runner (tests/minder/benchmark/test_independent.py
+checks that they agree)."""
 
 TABLE1_SHARES: dict[FaultType, float] = {
     FaultType.ECC_ERROR: 38.9,

@@ -9,20 +9,22 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from minder.cli.api_client import (
-    DEFAULT_API_URL,
-    DEFAULT_TIMEOUT_S,
-    MAX_PAGE,
+from minder.cli.api_options import (
     ApiUrlOption,
-    BreakerOut,
     FormatOption,
     TimeoutOption,
     TokenOption,
     connect,
-    one_line,
     when,
 )
 from minder.cli.common import OutputFormat, fail, out, print_json
+from minder.client.api import (
+    DEFAULT_API_URL,
+    DEFAULT_TIMEOUT_S,
+    MAX_PAGE,
+    BreakerOut,
+    one_line,
+)
 
 actions_app = typer.Typer(
     name="actions",

@@ -1,27 +1,17 @@
 """``minder agent``: the per-node collector (registered by ``minder/cli/app.py``).
 
-Collects one batch per interval from the node's sources (GPU via NVML or dcgm-exporter, RDMA
-sysfs, ``ethtool -S`` PFC counters, host, NCCL Inspector, the step probe), serves the last batch
-and the agent's own counters on ``/metrics``, and sends the batches to Kafka through a bounded
-on-disk spool (:mod:`minder.agent_runner`). A clean stop (SIGTERM, SIGINT) sends a last
-*goodbye* batch (a ``leave`` event: the node leaves its job on purpose) unless ``--no-goodbye``.
-``--once`` prints one batch and sends nothing.
-
-It also watches the node's PyTorch flight-recorder dumps (``--fr-prefix``, by default where the
-training processes would write them: ``$TORCH_FR_DUMP_TEMP_FILE``, else
-``/tmp/nccl_trace_rank_``) and sends a summary of each new one in its batches
-(:mod:`collectors.fr_watch`); ``--no-fr`` turns that off.
+Parses the options, then calls :func:`minder.agent.assembly.collect_once` (``--once``: print one
+batch, send nothing) or :func:`minder.agent.assembly.run_agent` (collect every interval, serve
+``/metrics``, send the batches to Kafka through the on-disk spool; a clean stop sends a last
+*goodbye* batch unless ``--no-goodbye``), and prints what it got. What the agent does is
+documented there and in :mod:`minder.agent.runner`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-import shlex
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,7 +20,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from collectors.labels import discover_identity, parse_label
 from minder.cli.common import (
     KafkaCaFileOption,
     KafkaCertFileOption,
@@ -46,130 +35,21 @@ from minder.cli.common import (
     load_settings_with_kafka,
     out,
 )
-from minder.core.errors import MinderError, ValidationError
+from minder.core.errors import ValidationError
 from minder.core.wire import AGENT_FORMAT, WireFormat
 
 if TYPE_CHECKING:  # the agent and its sources are imported when it runs, not for --help
-    from collectors.agent import Agent
-    from collectors.base import Source
-    from collectors.fr_watch import FrWatcher
+    from minder.agent.assembly import Started
     from minder.core.records import NodeBatch
-    from minder.core.signing import Signer
 
-logger = logging.getLogger(__name__)
-
-
+# The defaults of minder.agent.assembly, collectors.fr_watch and collectors.ethtool, written out
+# so that --help need not import them (tests/minder/cli/test_cli_imports.py checks that they
+# agree).
 DEFAULT_SPOOL_MAX_BYTES = 256 * 2**20
 DEFAULT_METRICS_PORT = 9478
 DEFAULT_PROBE_ADDRESS = "127.0.0.1:9477"
-
-
 DEFAULT_FR_POLL_S = 5.0
-"""collectors.fr_watch.DEFAULT_POLL_S, written out for --help (like the ethtool timeout)."""
-
 DEFAULT_ETHTOOL_TIMEOUT_S = 0.25
-"""collectors.ethtool.DEFAULT_TIMEOUT_S, written out so that --help need not import the
-collectors (tests/minder/cli/test_cli_imports.py checks that they agree)."""
-
-
-def default_spool_dir() -> Path:
-    """``$XDG_STATE_HOME/minder/agent-spool`` (``~/.local/state/minder/agent-spool``)."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "minder" / "agent-spool"
-
-
-def build_sources(
-    *,
-    sysfs_root: str | os.PathLike[str] = "/sys",
-    ethtool_command: Sequence[str] | None = ("ethtool", "-S"),
-    dcgm_url: str | None = None,
-    nccl_dir: str | os.PathLike[str] | None = None,
-    probe_address: str | None = DEFAULT_PROBE_ADDRESS,
-    nvml: bool = True,
-    pfc_priority: int = 3,
-    ethtool_timeout_s: float | None = None,
-) -> list[Source]:
-    """Construct the node's sources, GPU first (it wins a duplicate ``(metric, device)``).
-
-    Parameters
-    ----------
-    sysfs_root
-        Root of ``/sys`` for the RDMA and ethtool sources (a captured tree in tests).
-    ethtool_command
-        Program and arguments that print ``ethtool -S``-style statistics for the netdev appended;
-        None leaves the PFC source out.
-    dcgm_url
-        Scrape this dcgm-exporter instead of reading NVML.
-    nccl_dir
-        NCCL Inspector output directory; None leaves the NCCL source out.
-    probe_address
-        ``host:port`` the step probe listens on; None leaves it out.
-    nvml
-        Read the GPUs through NVML (when ``dcgm_url`` is not given).
-    pfc_priority
-        PFC priority whose pause counters are read.
-    ethtool_timeout_s
-        Deadline of the ethtool commands of one collect; None: the source's default.
-
-    Raises
-    ------
-    ValidationError
-        A source refused its settings or could not start (the message names the source).
-    """
-    # Imported here: each source module pulls its own dependencies (psutil, pynvml, sockets).
-    from collectors.dcgm import DcgmSource  # noqa: PLC0415
-    from collectors.ethtool import EthtoolSource  # noqa: PLC0415
-    from collectors.host import HostSource  # noqa: PLC0415
-    from collectors.nccl import NcclSource  # noqa: PLC0415
-    from collectors.nvml import NvmlSource  # noqa: PLC0415
-    from collectors.probe import ProbeSource  # noqa: PLC0415
-    from collectors.rdma import RdmaSource  # noqa: PLC0415
-
-    plan: list[tuple[str, Callable[[], Source]]] = []
-    if dcgm_url:
-        plan.append(("dcgm", lambda: DcgmSource(dcgm_url)))
-    elif nvml:
-        plan.append(("nvml", NvmlSource))
-    plan.append(("rdma", lambda: RdmaSource(sysfs_root)))
-    if ethtool_command:
-        command = tuple(ethtool_command)
-        timeout = DEFAULT_ETHTOOL_TIMEOUT_S if ethtool_timeout_s is None else ethtool_timeout_s
-        plan.append(
-            (
-                "ethtool",
-                lambda: EthtoolSource(
-                    command, sysfs_root=sysfs_root, priority=pfc_priority, timeout_s=timeout
-                ),
-            )
-        )
-    plan.append(("host", HostSource))
-    if nccl_dir is not None:
-        plan.append(("nccl", lambda: NcclSource(nccl_dir)))
-    if probe_address:
-        plan.append(("probe", lambda: ProbeSource(probe_address)))
-    sources: list[Source] = []
-    for name, make in plan:
-        try:
-            sources.append(make())
-        except (MinderError, ValueError, OSError) as exc:
-            for built in sources:
-                built.close()
-            raise ValidationError(f"source {name} cannot start: {exc}") from exc
-    return sources
-
-
-def build_fr_watcher(prefix: str | None, node: str, poll_s: float = DEFAULT_FR_POLL_S) -> FrWatcher:
-    """The flight-recorder watcher of ``minder agent``: dumps ``<prefix><rank>`` (default: the
-    training processes' default, :func:`collectors.flight_recorder.dump_prefix_from_env`).
-
-    Raises
-    ------
-    ValidationError
-        ``prefix`` names no file prefix (it ends with ``/``) or ``poll_s`` is not positive.
-    """
-    from collectors.fr_watch import FrWatcher  # noqa: PLC0415
-
-    return FrWatcher(prefix or None, node=node, poll_s=poll_s)
 
 
 def agent_command(
@@ -319,8 +199,6 @@ def agent_command(
     (docs/operations.md, Kafka security); the SASL password comes from MINDER_KAFKA__SASL_PASSWORD
     or --kafka-sasl-password-file, never from the command line.
     """
-    from collectors.agent import Agent  # noqa: PLC0415
-
     if not interval > 0:
         raise fail(f"--interval is {interval!r}: expected seconds > 0")
     if spool_max_bytes <= 0:
@@ -333,73 +211,67 @@ def agent_command(
         raise fail(f"--ethtool-timeout is {ethtool_timeout!r}: expected seconds > 0")
     if not 0 < fr_poll < math.inf:
         raise fail(f"--fr-poll is {fr_poll!r}: expected seconds > 0")
-    try:
-        overrides: dict[str, str] = dict(parse_label(text) for text in label or [])
-        if job:
-            overrides["job"] = job
-        if node:
-            overrides["node"] = node
-        identity = discover_identity(os.environ, overrides)
-        command = None if ethtool_command.strip().lower() == "off" else shlex.split(ethtool_command)
-        from minder.core.signing import node_signer  # noqa: PLC0415
+    from minder.agent.assembly import (  # noqa: PLC0415
+        AgentOptions,
+        SendOptions,
+        collect_once,
+        run_agent,
+    )
 
-        signer = None if once else node_signer(signing_key, identity.node)
-    except (ValidationError, ValueError) as exc:  # ValueError: shlex on unbalanced quotes
-        raise fail(exc) from None
-    try:
-        sources = build_sources(
-            sysfs_root=sysfs_root,
-            ethtool_command=command,
-            dcgm_url=dcgm_url,
-            nccl_dir=nccl_dir,
-            probe_address=None if probe_address.strip().lower() == "off" else probe_address,
-            nvml=not no_nvml,
-            pfc_priority=pfc_priority,
-            ethtool_timeout_s=ethtool_timeout,
-        )
-    except ValidationError as exc:
-        raise fail(exc) from None
-    try:
-        watcher = build_fr_watcher(fr_prefix, identity.node, fr_poll) if fr else None
-    except ValidationError as exc:
-        for source in sources:
-            source.close()
-        raise fail(exc) from None
-    agent = Agent(
-        sources,
-        job=identity.job,
-        node=identity.node,
-        labels=identity.labels,
+    options = AgentOptions(
+        job=job,
+        node=node,
+        labels=tuple(label or ()),
         interval_s=interval,
-        # --once sends nothing: dumps are left for the agent that runs
-        flight_recorder=None if once else watcher,
+        sysfs_root=sysfs_root,
+        ethtool_command=ethtool_command,
+        ethtool_timeout_s=ethtool_timeout,
+        dcgm_url=dcgm_url,
+        nccl_dir=nccl_dir,
+        probe_address=probe_address,
+        nvml=not no_nvml,
+        pfc_priority=pfc_priority,
+        fr=fr,
+        fr_prefix=fr_prefix,
+        fr_poll_s=fr_poll,
+        signing_key=signing_key,
+    )
+    if once:
+        try:
+            collected = collect_once(options)
+        except ValidationError as exc:
+            raise fail(exc) from None
+        _print_batch(collected.batch, collected.problems, output_format)
+        return
+    flags = KafkaFlags(
+        security_protocol=kafka_security_protocol,
+        ca_file=kafka_ca_file,
+        cert_file=kafka_cert_file,
+        key_file=kafka_key_file,
+        sasl_mechanism=kafka_sasl_mechanism,
+        sasl_username=kafka_sasl_username,
+        sasl_password_file=kafka_sasl_password_file,
+    )
+    # A bad MINDER_* variable or --kafka-* option: one line, secrets hidden.
+    settings = load_settings_with_kafka(flags, bootstrap=kafka)
+    sending = SendOptions(
+        kafka=settings.kafka,
+        spool_dir=spool_dir,
+        spool_max_bytes=spool_max_bytes,
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
+        goodbye=goodbye,
+        wire_format=wire_format,
     )
     try:
-        if once:
-            _print_once(agent, interval, output_format)
-            return
-        flags = KafkaFlags(
-            security_protocol=kafka_security_protocol,
-            ca_file=kafka_ca_file,
-            cert_file=kafka_cert_file,
-            key_file=kafka_key_file,
-            sasl_mechanism=kafka_sasl_mechanism,
-            sasl_username=kafka_sasl_username,
-            sasl_password_file=kafka_sasl_password_file,
-        )
-        _run(agent, kafka, spool_dir or default_spool_dir(), spool_max_bytes, metrics_port,
-             metrics_addr, goodbye=goodbye, flags=flags, fmt=wire_format,
-             signer=signer)  # fmt: skip
-    finally:
-        agent.close()
+        run_agent(options, sending, _print_started)
+    except ValidationError as exc:
+        raise fail(exc) from None
 
 
-def _print_once(agent: Agent, interval: float, output_format: OutputFormat) -> None:
-    # Rates and counts need two readings: prime every counter, wait one interval, read again.
-    agent.collect_once(time.time())
-    time.sleep(interval)
-    batch = agent.collect_once(time.time())
-    problems = {k: v for k, v in agent.error_counts().items() if v}
+def _print_batch(
+    batch: NodeBatch, problems: Mapping[tuple[str, str], int], output_format: OutputFormat
+) -> None:
     if problems:
         listed = ", ".join(
             f"{source}/{reason}={n}" for (source, reason), n in sorted(problems.items())
@@ -435,81 +307,24 @@ def batch_table(batch: NodeBatch) -> Table:
     return table
 
 
-def _run(
-    agent: Agent,
-    kafka: str | None,
-    spool_dir: Path,
-    spool_max_bytes: int,
-    metrics_port: int,
-    metrics_addr: str,
-    *,
-    goodbye: bool = True,
-    flags: KafkaFlags | None = None,
-    fmt: WireFormat = AGENT_FORMAT,
-    signer: Signer | None = None,
-) -> None:
-    from collectors.agent import AgentExporter  # noqa: PLC0415
-    from minder.agent_runner import AgentRunner  # noqa: PLC0415
-    from minder.stream.agent_sender import KafkaRecordSender  # noqa: PLC0415
-    from minder.stream.spool import Spool  # noqa: PLC0415
-
-    # A bad MINDER_* variable or --kafka-* option: one line, secrets hidden.
-    settings = load_settings_with_kafka(flags or KafkaFlags(), bootstrap=kafka)
-    bootstrap = settings.kafka.bootstrap
-    topic = settings.kafka.metrics_topic
-    client_id = f"{settings.kafka.client_id}-agent"
-    client_options = settings.kafka.client_options()
-    try:
-        spool = Spool(spool_dir, spool_max_bytes)
-    except ValidationError as exc:  # names the directory or file
-        raise fail(exc) from None
-    except OSError as exc:
-        raise fail(f"cannot open the spool {spool_dir}: {exc}") from None
-    try:
-        # settings check before the threads start
-        KafkaRecordSender(bootstrap, topic=topic, client_options=client_options)
-    except ValidationError as exc:
-        spool.close()
-        raise fail(exc) from None
-    exporter = AgentExporter(agent)
-    try:
-        runner = AgentRunner(
-            agent,
-            spool,
-            lambda: KafkaRecordSender(
-                bootstrap,
-                topic=topic,
-                client_id=client_id,
-                client_options=client_options,
-                signer=signer,
-            ),
-            goodbye=goodbye,
-            fmt=fmt,
+def _print_started(started: Started) -> None:
+    metrics_port = started.metrics_port
+    err.print(
+        f"minder agent {escape(started.job)}/{escape(started.node)}: "
+        f"{', '.join(started.sources)} every {started.interval_s:g} s -> "
+        f"{escape(started.bootstrap)} ({started.topic}, {escape(started.security)}); "
+        f"spool {started.spool_dir}"
+        + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
+        + (
+            f"; flight-recorder dumps {escape(started.fr_prefix)}<rank>"
+            if started.fr_prefix is not None
+            else "; no flight-recorder dumps"
         )
-        exporter.set_sender(runner.sender_counters)
-        if metrics_port:
-            try:
-                exporter.serve(metrics_port, metrics_addr)
-            except OSError as exc:
-                raise fail(
-                    f"cannot serve /metrics on {metrics_addr}:{metrics_port}: {exc}"
-                ) from None
-        err.print(
-            f"minder agent {escape(agent.job)}/{escape(agent.node)}: "
-            f"{', '.join(s.name for s in agent.sources)} every {agent.interval_s:g} s -> "
-            f"{escape(bootstrap)} ({topic}, {escape(settings.kafka.describe_security())}); "
-            f"spool {spool_dir}"
-            + (f"; metrics :{metrics_port}/metrics" if metrics_port else "")
-            + (
-                f"; flight-recorder dumps {escape(agent.flight_recorder.prefix)}<rank>"
-                if agent.flight_recorder is not None
-                else "; no flight-recorder dumps"
-            )
-            + ("" if goodbye else "; no goodbye")
-            + (f"; signed (key {signer.key.kid})" if signer else "; UNSIGNED (no --signing-key)")
-            + "; Ctrl-C stops"
+        + ("" if started.goodbye else "; no goodbye")
+        + (
+            f"; signed (key {started.signing_kid})"
+            if started.signing_kid is not None
+            else "; UNSIGNED (no --signing-key)"
         )
-        runner.run()
-    finally:
-        exporter.shutdown()
-        spool.close()
+        + "; Ctrl-C stops"
+    )

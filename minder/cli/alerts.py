@@ -8,26 +8,28 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from minder.cli.api_client import (
-    DEFAULT_API_URL,
-    DEFAULT_TIMEOUT_S,
-    MAX_PAGE,
-    ApiConflictError,
+from minder.cli.api_options import (
     ApiUrlOption,
     FormatOption,
     TimeoutOption,
     TokenOption,
     connect,
-    one_line,
     parse_time,
     short_json,
     when,
 )
 from minder.cli.common import OutputFormat, clock, fail, out, print_json, progress
+from minder.client.api import (
+    DEFAULT_API_URL,
+    DEFAULT_TIMEOUT_S,
+    MAX_PAGE,
+    ApiConflictError,
+    one_line,
+)
 from minder.core.alert import AlertKind, AlertStatus
 
 if TYPE_CHECKING:
-    from minder.cli.api_client import AlertOut, AuditOut, DeliveryOut, MinderApi
+    from minder.client.api import AlertOut, AuditOut, DeliveryOut, MinderApi
 
 alerts_app = typer.Typer(
     name="alerts",

@@ -12,12 +12,13 @@ process their ``--help`` and the root's ``--log-level`` without it, so that a co
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Annotated, Any, NamedTuple
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from minder.logging_setup import configure_logging
+from minder.logging_setup import LOG_FORMATS, configure_logging
 
 
 class LazyCommand(NamedTuple):
@@ -208,7 +209,10 @@ def _root(
         raise typer.BadParameter(
             f"{log_level[:40]!r}: expected DEBUG, INFO, WARNING or ERROR", param_hint="--log-level"
         )
-    configure_logging(log_level)
+    # MINDER_LOG__FORMAT for every command, read here without the settings (pydantic): a bad
+    # value is the settings' to refuse, in one line, when the command loads them.
+    chosen = os.environ.get("MINDER_LOG__FORMAT", "auto").strip().lower()
+    configure_logging(log_level, chosen if chosen in LOG_FORMATS else "auto")
 
 
 def main() -> None:

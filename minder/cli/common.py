@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 # Piped output gets a wide console so tables stay readable in logs and files.
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+# A line on stderr that is not a terminal (journald, kubectl logs, a file) is one line: no wrap.
+err = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 class OutputFormat(StrEnum):
@@ -42,6 +43,15 @@ def fail(exc: object) -> typer.Exit:
     """Print ``error: …`` on one line on stderr and return the exit (status 2) to raise."""
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
     return typer.Exit(code=2)
+
+
+def status(message: str) -> None:
+    """A status line of a long-running command (serving on…, stopping): under the plain and
+    JSON log formats a log record like the others (shown whatever the level), else a line."""
+    from minder.logging_setup import log_status  # noqa: PLC0415
+
+    if not log_status(message):
+        err.print(escape(message))
 
 
 def load_settings() -> Settings:
@@ -221,14 +231,27 @@ def clock(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%H:%M:%S")
 
 
-def alerts_table(alerts: list[Alert], title: str = "Alerts") -> Table:
-    """A readable table of alerts."""
+def alerts_table(
+    alerts: list[Alert],
+    title: str = "Alerts",
+    times: Mapping[str, tuple[float, float]] | None = None,
+) -> Table:
+    """A readable table of alerts: each one's onset and when it was detected (data time, the
+    seconds in between). With ``times`` (``(onset, alerted)`` by alert id: ``minder demo``'s
+    end-to-end view), the onset and the time the alert was received instead, the seconds in
+    between to a tenth, as the demo's summary gives them."""
     from rich.table import Table  # noqa: PLC0415
 
     table = Table(title=title, show_lines=False)
-    for column in ("job", "machine", "kind", "metric", "devices", "score", "onset", "detected"):
+    last = "detected" if times is None else "alerted"
+    for column in ("job", "machine", "kind", "metric", "devices", "score", "onset", last):
         table.add_column(column, justify="right" if column == "score" else "left")
     for a in alerts:
+        if times is None or a.id not in times:
+            onset, when, delay = a.first_ts, a.detected_ts, f"{a.detected_ts - a.first_ts:.0f}"
+        else:
+            onset, when = times[a.id]
+            delay = f"{round(when - onset, 1):.1f}"
         table.add_row(
             escape(a.job),
             escape(a.machine),
@@ -236,8 +259,8 @@ def alerts_table(alerts: list[Alert], title: str = "Alerts") -> Table:
             a.metric,
             escape(",".join(a.devices)) or "-",
             f"{a.score:.2f}",
-            clock(a.first_ts),
-            f"{clock(a.detected_ts)} (+{a.detected_ts - a.first_ts:.0f}s)",
+            clock(onset),
+            f"{clock(when)} (+{delay}s)",
         )
     return table
 
@@ -249,19 +272,12 @@ def print_json(data: Any) -> None:
 
 
 def load_scenario(name: str) -> Scenario:
-    """A scenario file, or the name of a bundled one; exits 2 when it cannot be read."""
-    from collectors.sim.scenario import bundled_scenario, load_scenario  # noqa: PLC0415
+    """:func:`collectors.sim.scenario.resolve_scenario` (a scenario file, or the name of a bundled
+    one); exits 2 when it cannot be read."""
+    from collectors.sim.scenario import resolve_scenario  # noqa: PLC0415
     from minder.core.errors import MinderError  # noqa: PLC0415
 
-    path = Path(name)
     try:
-        if not path.exists() and not name.endswith((".yaml", ".yml")):
-            path = bundled_scenario(name)
-        return load_scenario(path)
+        return resolve_scenario(name)
     except (MinderError, FileNotFoundError) as exc:
         raise fail(exc) from None
-
-
-def scenario_machines(scenario: Scenario) -> int:
-    """Machines of all the scenario's jobs."""
-    return sum(job.machines for job in scenario.jobs)

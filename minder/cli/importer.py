@@ -7,8 +7,6 @@ Prometheus server (``collectors.prometheus``, docs/sources.md §8) into a metric
 
 from __future__ import annotations
 
-import contextlib
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -152,8 +150,10 @@ def prometheus_command(
             "(DCGM_FI_*), node_exporter (node_*) or Minder agent (minder_node_*) series with a "
             f"machine label; {_skipped_hint(result.stats)}nothing written"
         )
+    from minder.core.table import write_table_atomically  # noqa: PLC0415
+
     try:
-        _write_atomically(frame, output)
+        write_table_atomically(frame, output)
     except (MinderError, OSError) as exc:
         raise fail(exc) from None
     summary = _summary(frame, result.stats, output, first, last, reader.step_s)
@@ -161,23 +161,6 @@ def prometheus_command(
         print_json(summary)
         return
     _print_summary(summary)
-
-
-def _write_atomically(frame: pd.DataFrame, output: Path) -> None:
-    """Validate ``frame`` and write it to a temporary file beside ``output``, renamed into place
-    only when complete (an interrupted import leaves no half-written table)."""
-    from minder.core.table import validate_table, write_table  # noqa: PLC0415
-
-    table = validate_table(frame)
-    suffix = ".csv.gz" if output.name.lower().endswith(".csv.gz") else output.suffix
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.{os.getpid()}.partial{suffix}")
-    try:
-        write_table(table, partial)
-        os.replace(partial, output)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
 
 
 def _iso(ts: float) -> str:

@@ -7,7 +7,7 @@ import signal
 import threading
 from enum import StrEnum
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -20,45 +20,20 @@ from minder.cli.common import (
     KafkaSaslPasswordFileOption,
     KafkaSaslUsernameOption,
     KafkaSecurityProtocolOption,
-    err,
     fail,
     load_settings_with_kafka,
+    status,
 )
-
-if TYPE_CHECKING:
-    from minder.config import Settings
 
 
 class SourceChoice(StrEnum):
-    """Where ``minder serve`` reads metrics from."""
+    """Where ``minder serve`` reads metrics from: :data:`minder.service.source.SOURCES` written
+    out, so that --help need not import it (tests/minder/cli/test_cli_imports.py checks that they
+    agree)."""
 
     kafka = "kafka"
     prometheus = "prometheus"
     both = "both"
-
-
-def resolve_source(settings: Settings, chosen: SourceChoice | None) -> SourceChoice:
-    """``chosen``, else ``prometheus`` when MINDER_PROMETHEUS__URL is set and
-    MINDER_KAFKA__BOOTSTRAP is not, else ``kafka``."""
-    if chosen is not None:
-        return chosen
-    kafka_set = "kafka" in settings.model_fields_set and (
-        "bootstrap" in settings.kafka.model_fields_set
-    )
-    if settings.prometheus.url is not None and not kafka_set:
-        return SourceChoice.prometheus
-    return SourceChoice.kafka
-
-
-def describe_access(settings: Settings) -> str:
-    """How the API is guarded, for the start-up line (never the token itself)."""
-    api = settings.api
-    if api.open:
-        return "API open to reads and changes by anyone (MINDER_API__OPEN=true)"
-    if api.token is None:
-        readers = "any client (MINDER_API__OPEN_READS=true)" if api.open_reads else "loopback"
-        return f"API reads from {readers}, changes refused until MINDER_API__TOKEN is set"
-    return "API changes and reads need the token"
 
 
 def serve_command(
@@ -72,7 +47,11 @@ def serve_command(
     ] = False,
     broker_port: Annotated[
         int,
-        typer.Option(min=1, max=65535, help="with --embedded-broker: its port on 127.0.0.1"),
+        typer.Option(
+            min=0,
+            max=65535,
+            help="with --embedded-broker: its port on 127.0.0.1; 0 picks a free one (printed)",
+        ),
     ] = 9092,
     host: Annotated[
         str | None, typer.Option(help="API address (default MINDER_API__HOST, 127.0.0.1)")
@@ -131,8 +110,10 @@ def serve_command(
         settings.api.host = host
     if port is not None:
         settings.api.port = port
-    configure_logging(settings.log_level)
-    source = resolve_source(settings, source)
+    configure_logging(settings.log_level, settings.log.format)
+    from minder.service.source import resolve_source  # noqa: PLC0415
+
+    source = SourceChoice(resolve_source(settings, None if source is None else source.value))
     use_kafka = source is not SourceChoice.prometheus
     if source is not SourceChoice.kafka and settings.prometheus.url is None:
         raise fail(
@@ -170,9 +151,9 @@ def serve_command(
             if embedded_broker:
                 from minder.stream.broker import EmbeddedBroker  # noqa: PLC0415
 
-                broker = cleanup.enter_context(EmbeddedBroker(port=broker_port))
+                broker = cleanup.enter_context(EmbeddedBroker(port=broker_port or None))
                 settings.kafka.bootstrap = broker.bootstrap
-                err.print(f"embedded Kafka broker (Tansu, in memory) on {broker.bootstrap}")
+                status(f"embedded Kafka broker (Tansu, in memory) on {broker.bootstrap}")
             stack: Stack = build_stack(settings, source=source.value)
             cleanup.callback(stack.stop)
             stack.start()
@@ -189,9 +170,9 @@ def serve_command(
                 f"metrics from Prometheus {settings.prometheus.url} every "
                 f"{settings.prometheus.step_s:g} s"
             )
-        err.print(
+        status(
             f"Minder is serving on {stack.api_url} (API /api/v1, docs /docs, metrics /metrics, "
-            f"{', '.join(inputs)}; {describe_access(settings)}); Ctrl-C or SIGTERM stops it"
+            f"{', '.join(inputs)}; {settings.api.describe_access()}); Ctrl-C or SIGTERM stops it"
         )
         try:
             while not stop.wait(0.5):
@@ -201,4 +182,4 @@ def serve_command(
                     raise fail(f"the API stopped serving ({failure}); exiting so that it restarts")
         except KeyboardInterrupt:
             pass
-        err.print("stopping")
+        status("stopping")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,7 +22,6 @@ from minder.cli.common import (
     load_settings_with_kafka,
     out,
     progress,
-    scenario_machines,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +61,24 @@ def simulate_command(
             show_default=False,
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="with --kafka: serve the simulated machines' metrics as their agents would "
+            "(minder_node_<metric>{job_id, machine, device}) on this port's /metrics, for "
+            "Prometheus (0: a free port, printed)",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_addr: Annotated[
+        str,
+        typer.Option(
+            help="with --metrics-port: the address /metrics listens on (0.0.0.0 to let a "
+            "remote Prometheus scrape)"
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Simulate a cluster from a scenario file: write the metric table or publish to Kafka.
 
@@ -83,8 +99,14 @@ def simulate_command(
         sasl_username=kafka_sasl_username,
         sasl_password_file=kafka_sasl_password_file,
     )
-    if kafka is None and (flags.given() or keys_file is not None):
-        given = ", ".join([*flags.given(), *(["--keys-file"] if keys_file is not None else [])])
+    if kafka is None and (flags.given() or keys_file is not None or metrics_port is not None):
+        given = ", ".join(
+            [
+                *flags.given(),
+                *(["--keys-file"] if keys_file is not None else []),
+                *([f"--metrics-port {metrics_port}"] if metrics_port is not None else []),
+            ]
+        )
         raise fail(f"{given} without --kafka: expected --kafka BOOTSTRAP too")
     scenario = load_scenario(scenario_file)
     if output is None and kafka is None:
@@ -94,16 +116,18 @@ def simulate_command(
         settings = load_settings_with_kafka(flags, bootstrap=kafka)
     try:
         if output is not None:
-            with err.status(
-                f"simulating {scenario.duration_s} s of {scenario_machines(scenario)} machines"
-            ):
+            with err.status(f"simulating {scenario.duration_s} s of {scenario.machines} machines"):
                 path = write_scenario_table(scenario, output)
             out.print(f"wrote {path}")
         if labels is not None:
             out.print(f"wrote {write_scenario_labels(scenario, labels)}")
         if settings is not None:
             sent = _publish(
-                scenario, settings.kafka, realtime, keys_file or settings.auth.keys_file
+                scenario,
+                settings.kafka,
+                realtime,
+                keys_file or settings.auth.keys_file,
+                None if metrics_port is None else (metrics_addr, metrics_port),
             )
             out.print(f"published {sent} batches to {kafka}")
     except (MinderError, OSError) as exc:
@@ -111,41 +135,38 @@ def simulate_command(
 
 
 def _publish(
-    scenario: Scenario, kafka: KafkaSettings, realtime: bool, keys_file: Path | None
+    scenario: Scenario,
+    kafka: KafkaSettings,
+    realtime: bool,
+    keys_file: Path | None,
+    metrics: tuple[str, int] | None = None,
 ) -> int:
-    from collectors.sim.output import iter_batches  # noqa: PLC0415
-    from minder.core.signing import FleetSigner, load_cluster_keys  # noqa: PLC0415
-    from minder.stream.producer import BatchProducer  # noqa: PLC0415
-    from minder.stream.topics import ensure_topics  # noqa: PLC0415
+    """:func:`minder.stream.simulation.publish_scenario`, with its warning, the metrics URL and
+    a progress bar printed."""
+    from minder.stream.simulation import publish_scenario  # noqa: PLC0415
 
-    client_options = kafka.client_options()
-    ensure_topics(
-        kafka.bootstrap, {kafka.metrics_topic: kafka.partitions}, client_options=client_options
-    )
-    sent = 0
-    start = time.time() + 1.0 if realtime else None
-    signer = None if keys_file is None else FleetSigner(load_cluster_keys(keys_file)[-1])
-    if signer is None:
+    def unsigned() -> None:
         err.print(
             "warning: publishing UNSIGNED batches (no --keys-file or MINDER_AUTH__KEYS_FILE): a "
             "service that requires signatures (the default) dead-letters them"
         )
-    with (
-        BatchProducer(
-            kafka.bootstrap,
-            topic=kafka.metrics_topic,
-            client_options=client_options,
-            signer=signer,
-        ) as producer,
-        progress() as bar,
-    ):
-        task = bar.add_task("publishing", total=scenario.duration_s)
-        for ts, batches in iter_batches(scenario, start_ts=start):
-            if realtime and ts > time.time():
-                time.sleep(ts - time.time())
-            for batch in batches:
-                producer.send(batch)
-            sent += len(batches)
-            bar.advance(task)
-        producer.flush()
-    return sent
+
+    def metrics_url(url: str) -> None:
+        out.print(f"metrics of the simulated machines: {url}")
+
+    bar = progress()
+    task = bar.add_task("publishing", total=scenario.duration_s)
+    try:
+        return publish_scenario(
+            scenario,
+            kafka,
+            realtime,
+            keys_file,
+            metrics,
+            on_unsigned=unsigned,
+            on_metrics_url=metrics_url,
+            on_start=bar.start,
+            on_second=lambda: bar.advance(task),
+        )
+    finally:
+        bar.stop()

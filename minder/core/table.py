@@ -7,6 +7,8 @@ extension; CSV may be gzip-compressed (``.csv.gz``).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -36,6 +38,57 @@ def table_format(path: str | Path) -> str:
     raise TableError(f"file {str(path)!r} has an unknown extension: expected one of {_SUFFIXES}")
 
 
+def _check_file(path: Path) -> str:
+    """The format of the table file ``path`` (:func:`table_format`), once it is known to be a
+    file: a missing path is said before its extension is judged."""
+    if not path.exists():
+        raise FileNotFoundError(
+            f"metric table {str(path)!r} does not exist: expected a table file "
+            f"({', '.join(_SUFFIXES)})"
+        )
+    if path.is_dir():
+        raise TableError(
+            f"metric table {str(path)!r} is a directory: expected a table file "
+            f"({', '.join(_SUFFIXES)})"
+        )
+    return table_format(path)
+
+
+def _unreadable(path: Path, fmt: str, exc: BaseException) -> TableError:
+    """One line for a table file its reader could not parse (pyarrow's or pandas' own message
+    names no file)."""
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    if isinstance(exc, PermissionError):
+        # The file may be fine; this user cannot open it.
+        return TableError(
+            f"metric table {str(path)!r} cannot be opened ({exc.strerror or reason}): expected "
+            "a file this user can read"
+        )
+    kind = "Parquet" if fmt == "parquet" else "CSV (optionally gzip-compressed)"
+    return TableError(
+        f"metric table {str(path)!r} cannot be read as {kind} ({reason}): expected a "
+        f"{kind} table with columns {list(REQUIRED_COLUMNS)}"
+    )
+
+
+def _parse_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow and pandas raise on a damaged file (pyarrow's ArrowException; pandas'
+    parser errors; a damaged gzip stream; bytes that are not UTF-8)."""
+    import zlib  # noqa: PLC0415
+
+    import pyarrow as pa  # noqa: PLC0415
+
+    return (
+        pa.ArrowException,
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+        UnicodeDecodeError,
+        EOFError,
+        zlib.error,
+        OSError,
+    )
+
+
 def empty_table() -> pd.DataFrame:
     """A canonical table with no rows."""
     return normalize_table(pd.DataFrame({c: [] for c in COLUMNS}))
@@ -54,14 +107,15 @@ def read_table(path: str | Path) -> pd.DataFrame:
         ``path`` does not exist.
     """
     path = Path(path)
-    fmt = table_format(path)
-    if not path.exists():
-        raise FileNotFoundError(f"metric table {str(path)!r} does not exist")
-    if fmt == "parquet":
-        frame = pd.read_parquet(path)
-    else:
-        # Everything as text first, so a bad cell is reported by row instead of silently coerced.
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    fmt = _check_file(path)
+    try:
+        if fmt == "parquet":
+            frame = pd.read_parquet(path)
+        else:
+            # Everything as text first, so a bad cell is reported by row instead of coerced.
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except _parse_errors() as exc:
+        raise _unreadable(path, fmt, exc) from None
     return validate_table(frame)
 
 
@@ -82,29 +136,32 @@ class TableReader:
     Raises
     ------
     TableError
-        Unknown extension, a required column missing, or ``chunk_rows`` below 1.
+        Unknown extension, a file its format's reader cannot parse (naming the file), a
+        required column missing, or ``chunk_rows`` below 1; reading a piece that cannot be
+        parsed raises it too.
     FileNotFoundError
         ``path`` does not exist.
     """
 
     def __init__(self, path: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
         self.path = Path(path)
-        self.format = table_format(self.path)
+        self.format = _check_file(self.path)
         if chunk_rows < 1:
             raise TableError(f"chunk_rows is {chunk_rows!r}: expected at least 1 row")
-        if not self.path.exists():
-            raise FileNotFoundError(f"metric table {str(self.path)!r} does not exist")
         self.chunk_rows = chunk_rows
         self.rows: int | None = None
         """Rows of the file when its metadata says so (Parquet), else None."""
-        if self.format == "parquet":
-            import pyarrow.parquet as pq  # noqa: PLC0415  (only readers of Parquet pay for it)
+        try:
+            if self.format == "parquet":
+                import pyarrow.parquet as pq  # noqa: PLC0415  (only Parquet readers pay for it)
 
-            metadata = pq.read_metadata(self.path)
-            names = list(metadata.schema.to_arrow_schema().names)
-            self.rows = int(metadata.num_rows)
-        else:
-            names = [str(c) for c in pd.read_csv(self.path, nrows=0, dtype=str).columns]
+                metadata = pq.read_metadata(self.path)
+                names = list(metadata.schema.to_arrow_schema().names)
+                self.rows = int(metadata.num_rows)
+            else:
+                names = [str(c) for c in pd.read_csv(self.path, nrows=0, dtype=str).columns]
+        except _parse_errors() as exc:
+            raise _unreadable(self.path, self.format, exc) from None
         _check_columns(names)
         self.columns: list[str] = [c for c in COLUMNS if c in names]
         """The canonical columns the file has, in canonical order."""
@@ -118,7 +175,14 @@ class TableReader:
         wanted = set(REQUIRED_COLUMNS) | set(columns if columns is not None else COLUMNS)
         read = [c for c in self.columns if c in wanted]
         first_row = 0
-        for frame in self._raw_chunks(read):
+        frames = self._raw_chunks(read)
+        while True:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                return
+            except _parse_errors() as exc:  # damaged past its header or footer
+                raise _unreadable(self.path, self.format, exc) from None
             if len(frame):
                 yield first_row, validate_table(frame, first_row=first_row)
             first_row += len(frame)
@@ -323,6 +387,24 @@ def write_table(frame: pd.DataFrame, path: str | Path) -> Path:
         exact = ts.astype(np.int64) if bool((np.floor(ts) == ts).all()) else ts.astype(str)
         frame.assign(ts=exact).to_csv(path, index=False, float_format="%.9g")
     return path
+
+
+def write_table_atomically(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Validate ``frame`` (:func:`validate_table`) and write it to a temporary file beside
+    ``path``, renamed into place only when complete: an interrupted writer leaves no
+    half-written table. Return the path written."""
+    output = Path(path)
+    table = validate_table(frame)
+    suffix = ".csv.gz" if output.name.lower().endswith(".csv.gz") else output.suffix
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.{os.getpid()}.partial{suffix}")
+    try:
+        write_table(table, partial)
+        os.replace(partial, output)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    return output
 
 
 def batches_to_table(batches: Iterable[NodeBatch]) -> pd.DataFrame:

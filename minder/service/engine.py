@@ -3,6 +3,15 @@
 Time is the data's own: a job's watermark is its newest second minus the grace for late samples,
 and every second up to the watermark is evaluated once, in order. Replaying a topic faster than
 real time therefore gives the same alerts as the live run.
+
+The service also keeps each job's lifecycle (docs/operations.md, "Job lifecycle"): a job is
+``active`` while it has a window here, ``idle`` once its window is dropped (no data for
+``idle_job_s``, or its place taken at the jobs bound), ``ended`` when its last machine said
+goodbye or it stayed idle past ``idle_retention_s``. The status and the machines in the job go
+to the store through the writer when they change, and every ``report_every_s`` for every job
+held (so a job whose worker stopped is seen as idle after ``6 x report_every_s``); the
+``minder_jobs``, ``minder_machines`` and ``minder_job_*`` series show the active jobs only, so
+the API and the gauges say the same.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from minder.service.admission import (
     MAX_NODES_KEPT,
     ONE_SHOT_BATCHES,
     ONE_SHOT_IDLE_S,
+    SINGLE_MACHINE,
     Confirmation,
     Digest,
     JobConfirmations,
@@ -41,7 +51,7 @@ from minder.service.admission import (
 )
 from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter
 from minder.service.telemetry import HANG_CULPRIT_SERIES, ServiceMetrics
-from minder.storage.records import JobFinding
+from minder.storage.records import JobFinding, JobReport, JobStatus
 
 __all__ = [
     "AlertSink",
@@ -117,6 +127,10 @@ class ServiceLimits:
     settings default to a day."""
     top_k_scores: int = 20
     """Machines per job exported in ``minder_machine_score`` (the highest scores)."""
+    machine_series_per_job: int = 4_096
+    """Machines per job exported in ``minder_machine_score_all`` (every machine up to it, the
+    highest scores beyond), and ranks per job in ``minder_rank_lateness_seconds`` (the latest
+    beyond it); never fewer than ``top_k_scores`` (0: only the top-k of each)."""
     window: WindowLimits = field(default_factory=WindowLimits)
 
 
@@ -147,6 +161,15 @@ class JobState:
     """The detector's latest hang analysis of the job (None: none made on this worker)."""
     hang_refused: bool = False
     """A malformed hang analysis of the detector was logged (once per job)."""
+    ended: bool = False
+    """Its last machine said goodbye: the job ended (its window is kept for late data until
+    ``idle_job_s``; a machine that reports again makes it active)."""
+    active_machines: int = 0
+    """Machines in the job at the last evaluation (``minder_job_machines``)."""
+    last_departure: str = ""
+    """How the latest machine(s) left: ``left`` (goodbye) or ``left_together``."""
+    reported: tuple[JobStatus, int] | None = None
+    """The status and machine count last handed to the writer (None: none yet)."""
 
 
 class DetectionService:
@@ -181,6 +204,12 @@ class DetectionService:
     refusal_log_every_s
         Refused and evicted jobs are named in one log line per this many seconds (wall clock)
         at most, per refusal reason.
+    idle_retention_s
+        An idle job (its window dropped) is ended after this long (wall clock) without data.
+    report_every_s
+        How often (wall clock) the status of every job held is reported to the store, and the
+        stored jobs are aged; an active job without a report for ``6 x report_every_s`` is
+        taken for one whose worker stopped, and becomes idle.
     """
 
     def __init__(
@@ -200,9 +229,20 @@ class DetectionService:
         findings_refresh_s: float = 60.0,
         confirmations: JobConfirmations | None = None,
         refusal_log_every_s: float = 10.0,
+        idle_retention_s: float = 3_600.0,
+        report_every_s: float = 10.0,
     ) -> None:
         if not findings_refresh_s >= 0:
             raise ValueError(f"findings_refresh_s={findings_refresh_s!r}: expected seconds >= 0")
+        if not (idle_retention_s >= 0 and report_every_s > 0):
+            raise ValueError(
+                f"idle_retention_s={idle_retention_s!r}, report_every_s={report_every_s!r}: "
+                "expected seconds >= 0 and > 0"
+            )
+        self.idle_retention_s = float(idle_retention_s)
+        self.report_every_s = float(report_every_s)
+        self.stale_after_s = 6.0 * self.report_every_s
+        self._lifecycle_at = -math.inf
         self.factory = factory
         self.grace_s = grace_s
         self.metrics = metrics or ServiceMetrics()
@@ -220,7 +260,6 @@ class DetectionService:
         # The label values (after job_id) of the top-k series exported per job, to remove those
         # that left the top.
         self._exported_scores: dict[str, set[tuple[str, ...]]] = {}
-        self._exported_lateness: dict[str, set[tuple[str, ...]]] = {}
         self._exported_coherence: dict[str, set[tuple[str, ...]]] = {}
         self._exported_culprits: dict[str, set[tuple[str, ...]]] = {}
         self.confirmations = confirmations
@@ -300,7 +339,7 @@ class DetectionService:
                 state = JobState(window, detector, first_batch_wall=now_wall)
                 self.jobs[batch.job] = state
                 new_jobs.append(batch.job)
-                logger.info("new job %s", batch.job[:64])
+                logger.info("new job %s", batch.job[:64], extra={"job": batch.job})
             job_batches = of_job.get(batch.job)
             if job_batches is None:
                 of_job[batch.job] = job_batches = []
@@ -334,7 +373,8 @@ class DetectionService:
                     state.rejected_exported[reason] = count
             if ts > state.newest_ts:
                 state.newest_ts = ts
-                self.metrics.job_last_sample.labels(job).set(ts)
+                if not state.ended:  # an ended job has no series until it reports again
+                    self.metrics.job_last_sample.labels(job).set(ts)
         if placed:
             self.metrics.lag.set(max(0.0, now_wall - newest_ts))
         return placed
@@ -422,6 +462,8 @@ class DetectionService:
 
     @staticmethod
     def _victim_key(confirmed: bool, state: JobState, now_wall: float) -> _VictimKey:
+        if state.ended:  # a job that ended gives its place before any other
+            return (SINGLE_MACHINE - 1, 0, state.last_batch_wall)
         machines = state.window.n_machines
         one_shot = (
             not confirmed
@@ -471,6 +513,11 @@ class DetectionService:
             if state is None or victim in busy:
                 order.popleft()
                 continue
+            if state.ended:  # the window of a job that ended: no eviction of a live job
+                order.popleft()
+                self._drop(victim)
+                logger.debug("job %s (ended) gave its window to %s", victim[:64], job[:64])
+                return True
             fresh = self._rank(victim, state, now_wall)
             one_shot = fresh[1] == 0
             if one_shot or fresh[0] < rank:
@@ -499,7 +546,9 @@ class DetectionService:
         rank: int,
         now_wall: float,
     ) -> None:
-        """Drop ``victim``'s window for ``newcomer``'s; count it and say it (rate-limited)."""
+        """Drop ``victim``'s window for ``newcomer``'s; count it and say it (rate-limited). The
+        victim is idle from then on."""
+        self._report(state, JobStatus.IDLE, f"its window gave its place to a new job ({reason})")
         self._drop(victim)
         self.metrics.evicted_jobs.labels(reason=reason).inc()
         standing = (
@@ -538,9 +587,8 @@ class DetectionService:
             self._say_evicted(said)
         if self.confirmations is not None and now_wall - self._confirmed_at >= _CONFIRM_EVERY_S:
             self._confirmed_at = now_wall
-            self.confirmations.refresh(
-                {job: state.window.n_machines for job, state in self.jobs.items()}
-            )
+            live = {j: s.window.n_machines for j, s in self.jobs.items() if not s.ended}
+            self.confirmations.refresh(live)
 
     def stalled_jobs(self, stall_s: float = 60.0) -> list[str]:
         """Jobs whose data keeps arriving while their evaluation has not advanced for
@@ -549,6 +597,8 @@ class DetectionService:
         now = self.clock()
         out = []
         for job, state in self.jobs.items():
+            if state.ended:
+                continue
             limit = max(stall_s, 3.0 * state.window.tick_s)  # a coarse job reports seldom
             if now - state.last_batch_wall < limit and (
                 now - max(state.last_evaluation_wall, state.first_batch_wall) > limit
@@ -567,11 +617,81 @@ class DetectionService:
                 self._retire(job)
                 continue
             new_alerts.extend(self._advance(state))
-        self.metrics.jobs.set(len(self.jobs))
+        active = [s for s in self.jobs.values() if not s.ended]
+        self.metrics.jobs.set(len(active))
         self.metrics.stalled_jobs.set(len(self.stalled_jobs()))
-        self.metrics.machines.set(sum(s.window.n_machines for s in self.jobs.values()))
+        self.metrics.machines.set(sum(s.active_machines for s in active))
         self._export_open_alerts()
+        self._lifecycle(self.clock())
         return new_alerts
+
+    # -- lifecycle (docs/operations.md, "Job lifecycle") -------------------------------------
+    def _report(self, state: JobState, status: JobStatus, reason: str = "") -> None:
+        """Hand the job's status (and its machines now, when active) to the writer; a job
+        never reported active is not stored idle or ended (a one-shot or evicted job id would
+        stay in the store for ever)."""
+        if status is not JobStatus.ACTIVE and state.reported is None:
+            return
+        machines = state.active_machines if status is JobStatus.ACTIVE else 0
+        state.reported = (status, machines)
+        if self.writer is None:
+            return
+        seen = state.newest_ts if math.isfinite(state.newest_ts) else 0.0
+        report = JobReport(state.window.job, status, machines, seen, reason)
+        self.writer.submit_job_states([report], self.clock())
+
+    def _lifecycle(self, now: float) -> None:
+        """Every ``report_every_s``: report every active job held (the store's sign that this
+        worker is alive) and have the stored jobs aged (idle ones past the retention end, active
+        ones no worker reports become idle)."""
+        if self.writer is None or now - self._lifecycle_at < self.report_every_s:
+            return
+        self._lifecycle_at = now
+        reports = []
+        for job, state in self.jobs.items():
+            if state.ended or state.reported is None:
+                continue
+            seen = state.newest_ts if math.isfinite(state.newest_ts) else 0.0
+            reports.append(JobReport(job, JobStatus.ACTIVE, state.active_machines, seen))
+        self.writer.submit_job_states(reports, now)
+        self.writer.submit_sweep(now, self.stale_after_s, self.idle_retention_s)
+
+    def release(self, reason: str = "the service stopped") -> None:
+        """Give every job up (the service stops): each active one is reported idle, with
+        ``reason``, and its window and series dropped. Call it once nothing feeds the service
+        any more, before the writer is closed (it writes the reports)."""
+        for job, state in list(self.jobs.items()):
+            if not state.ended:
+                self._report(state, JobStatus.IDLE, reason)
+            # What is pending for the job (its last capture, findings) is still written at close.
+            self._drop(job, forget_pending=False)
+        self.metrics.jobs.set(0)
+        self.metrics.machines.set(0)
+        self.metrics.stalled_jobs.set(0)
+
+    def _no_machine_in(self, state: JobState) -> None:
+        """The job's window holds no machine now: when its last one said goodbye, the job
+        ended; else (machines silent, not departed: they count until the job is idle) it stays
+        active with no machine."""
+        if state.ended:
+            return
+        self._take_membership(state)
+        if state.last_departure == "left":
+            self._end(state)
+        elif state.active_machines or state.reported is None:
+            state.active_machines = 0
+            self.metrics.job_machines.labels(state.window.job).set(0)
+            self._report(state, JobStatus.ACTIVE)
+
+    def _end(self, state: JobState) -> None:
+        """The job's last machine said goodbye: it ended. Its series go; its window stays for
+        late data until ``idle_job_s`` (a machine reporting again makes it active)."""
+        job = state.window.job
+        state.ended = True
+        state.active_machines = 0
+        self._forget_series(job)
+        self._report(state, JobStatus.ENDED, "its last machine said goodbye")
+        logger.info("job %s ended: its last machine said goodbye", job[:64])
 
     def _export_open_alerts(self) -> None:
         """Refresh ``minder_open_alerts`` from the store (operators resolve alerts through the
@@ -594,7 +714,8 @@ class DetectionService:
                 by_job[job].setdefault(machine, set()).add(kind)
         self._open_by_machine = by_job
         # Every live job shows every kind (0 when none), so "no open alert" is a value, not a gap.
-        keys = set(counts) | {(job, kind.value) for job in self.jobs for kind in AlertKind}
+        live = [job for job, state in self.jobs.items() if not state.ended]
+        keys = set(counts) | {(job, kind.value) for job in live for kind in AlertKind}
         for job, kind in keys:
             self.metrics.open_alerts.labels(job, kind).set(counts.get((job, kind), 0))
         for job, kind in self._open_alert_series - keys:
@@ -611,7 +732,17 @@ class DetectionService:
         last_seen = window.machine_last_seen()
         # Machines in the job: those that left (a scale-down) must not hold the clock back.
         known = last_seen[window.active()]
-        newest = min(window.newest_sec, int(np.percentile(known, 90))) if known.size else NEVER
+        if not known.size:
+            self._no_machine_in(state)
+            return []
+        if state.ended:
+            state.ended = False
+            state.last_departure = ""
+            logger.info("job %s: a machine reports again after the job ended: active",
+                        window.job[:64])  # fmt: skip
+            if math.isfinite(state.newest_ts):
+                self.metrics.job_last_sample.labels(window.job).set(state.newest_ts)
+        newest = min(window.newest_sec, int(np.percentile(known, 90)))
         if newest == NEVER:
             return []
         watermark = newest - math.ceil(self.grace_s)
@@ -640,7 +771,7 @@ class DetectionService:
                     self._detector_errors.add(said)
                     logger.exception("job %s: detection failed at %d and that second is "
                                      "skipped (said once per job and error type)",
-                                     window.job[:64], sec)  # fmt: skip
+                                     window.job[:64], sec, extra={"job": window.job})  # fmt: skip
             self.metrics.evaluation_seconds.observe(time.process_time() - began)
             state.evaluated_sec = sec
             for alert in raised:
@@ -651,6 +782,8 @@ class DetectionService:
                 self._persist(state, sec)
         if start <= watermark:
             self._job_state(state)
+        elif window.membership:  # a goodbye, a return: said now, not at the next evaluation
+            self._job_members(state)
         return out
 
     def _job_state(self, state: JobState) -> None:
@@ -658,8 +791,30 @@ class DetectionService:
         faults); export how many machines are in it, the interval it is sampled at, its
         live slowdown and its job-level findings."""
         window = state.window
+        self._job_members(state)
+        if window.cadence_known:
+            self.metrics.job_interval.labels(window.job).set(window.tick_s)
+        slowdown = getattr(state.detector, "live_slowdown", None)
+        if slowdown is not None:
+            self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
+        self._job_findings(state)
+        self._job_hang(state)
+
+    def _job_members(self, state: JobState) -> None:
+        """Take the job's membership changes; export and report the machines in it now."""
+        self._take_membership(state)
+        state.active_machines = int(state.window.active().sum())
+        self.metrics.job_machines.labels(state.window.job).set(state.active_machines)
+        if state.reported != (JobStatus.ACTIVE, state.active_machines):
+            self._report(state, JobStatus.ACTIVE)
+
+    def _take_membership(self, state: JobState) -> None:
+        """Log and count the job's membership changes; keep how the latest machines left."""
+        window = state.window
         for change in window.take_membership():
             self.metrics.membership_changes.labels(change=change.change).inc()
+            if change.change in ("left", "left_together"):
+                state.last_departure = change.change
             names = ", ".join(name[:64] for name in change.machines[:8])
             more = f" and {len(change.machines) - 8} more" if len(change.machines) > 8 else ""
             logger.info(
@@ -670,14 +825,6 @@ class DetectionService:
                 more,
                 f" ({change.reason[:160]})" if change.reason else "",
             )
-        self.metrics.job_machines.labels(window.job).set(int(window.active().sum()))
-        if window.cadence_known:
-            self.metrics.job_interval.labels(window.job).set(window.tick_s)
-        slowdown = getattr(state.detector, "live_slowdown", None)
-        if slowdown is not None:
-            self.metrics.job_slowdown.labels(window.job).set(float(slowdown))
-        self._job_findings(state)
-        self._job_hang(state)
 
     def _job_hang(self, state: JobState) -> None:
         """Take the detector's latest hang analysis of the job: when it is a new one, log it,
@@ -851,6 +998,7 @@ class DetectionService:
             alert.metric,
             ",".join(alert.devices) or "-",
             alert.score,
+            extra={"job": alert.job, "machine": alert.machine},
         )
         for sink in self.sinks:
             try:
@@ -910,53 +1058,71 @@ class DetectionService:
         job = state.window.job
         self._last_persist[job] = sec
         capture = self.capture(job)
-        # The top-k machines of each job only: a series per machine of a 10,000-machine job
-        # would swamp Prometheus; the store keeps every machine's score.
-        top = capture.top(self.limits.top_k_scores)
+        # Every machine of the job up to a bound (the heatmap, the machine picker), built at
+        # scrape time; and the top-k machines as series of their own, cheap to alert on. A
+        # series per machine of a 10,000-machine job would swamp Prometheus; the store keeps
+        # every machine's score.
+        limits = self.limits
+        whole = capture.top(max(limits.top_k_scores, limits.machine_series_per_job))
+        self.metrics.machine_score_all.set_job(job, [((name,), score) for name, score in whole])
         _export_top(
             self.metrics.machine_score,
             job,
             self._exported_scores,
-            {(name,): score for name, score in top},
+            {(name,): score for name, score in whole[: limits.top_k_scores]},
         )
         self._export_lateness(state)
         if self.writer is not None:
             self.writer.submit(capture)
 
     def _export_lateness(self, state: JobState) -> None:
-        """``minder_rank_lateness_seconds``: the job's latest ranks only, as many as machine
-        scores (the top-k), so a job of 10,000 ranks stays a handful of series."""
+        """``minder_rank_lateness_seconds``: every rank of the job up to
+        ``machine_series_per_job`` (the latest beyond it; at least the top-k), so the per-rank
+        heatmap shows the whole job and a job of 100,000 ranks stays bounded."""
         job = state.window.job
         late_ranks = getattr(state.detector, "late_ranks", None)
-        late = late_ranks(self.limits.top_k_scores) if late_ranks is not None else []
-        _export_top(
-            self.metrics.rank_lateness,
-            job,
-            self._exported_lateness,
-            {(rank.machine, rank.device): rank.seconds for rank in late},
+        ranks = max(self.limits.top_k_scores, self.limits.machine_series_per_job)
+        late = late_ranks(ranks) if late_ranks is not None else []
+        self.metrics.rank_lateness.set_job(
+            job, [((rank.machine, rank.device), rank.seconds) for rank in late]
         )
 
     def _retire(self, job: str) -> None:
+        state = self.jobs[job]
+        if state.ended:
+            self._drop(job)
+            logger.debug("job %s (ended) without data for %.0f s: window dropped", job[:64],
+                         self.idle_job_s)  # fmt: skip
+            return
+        self._report(state, JobStatus.IDLE, f"no data for {self.idle_job_s:.0f} s")
         self._drop(job)
-        logger.info("job %s idle for %.0f s: window dropped", job[:64], self.idle_job_s)
+        logger.info("job %s idle: no data for %.0f s, window dropped (ended after %.0f s more "
+                    "without data)", job[:64], self.idle_job_s,
+                    self.idle_retention_s)  # fmt: skip
 
-    def _drop(self, job: str) -> None:
-        """Forget ``job``: its window, its series, what is kept for it."""
+    def _drop(self, job: str, *, forget_pending: bool = True) -> None:
+        """Forget ``job``: its window, its series, what is kept for it (and, unless
+        ``forget_pending`` is False, what the writer still holds of it)."""
         self.jobs.pop(job)
+        self._forget_series(job)
+        self._open_by_machine.pop(job, None)
+        self._detector_errors = {e for e in self._detector_errors if e[0] != job}
+        self._last_persist.pop(job, None)
+        if self.writer is not None and forget_pending:
+            self.writer.forget(job)
+
+    def _forget_series(self, job: str) -> None:
+        """Remove ``job``'s own series (it is no longer active)."""
         self.metrics.forget_job(job)
+        self._open_alerts_at = -math.inf  # its zero minder_open_alerts go at the next refresh
         _export_top(self.metrics.machine_score, job, self._exported_scores, {})
-        _export_top(self.metrics.rank_lateness, job, self._exported_lateness, {})
+        self.metrics.machine_score_all.forget(job)
+        self.metrics.rank_lateness.forget(job)
         _export_top(self.metrics.job_peer_coherence, job, self._exported_coherence, {})
         _export_top(self.metrics.hang_culprit, job, self._exported_culprits, {})
         self._exported_scores.pop(job, None)
         self._exported_culprits.pop(job, None)
-        self._exported_lateness.pop(job, None)
         self._exported_coherence.pop(job, None)
-        self._open_by_machine.pop(job, None)
-        self._detector_errors = {e for e in self._detector_errors if e[0] != job}
-        self._last_persist.pop(job, None)
-        if self.writer is not None:
-            self.writer.forget(job)
 
 
 def _export_top(

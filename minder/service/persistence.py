@@ -26,6 +26,13 @@ A job's latest hang analysis (:class:`~minder.core.hang.HangAnalysis`) goes the 
 through :meth:`StateWriter.submit_hang`, whenever the detector makes a new one: the store keeps
 one per job.
 
+The jobs' lifecycle (docs/operations.md, "Job lifecycle") goes the same way too: the detection
+loop reports each job's status and the machines in it now (:meth:`StateWriter.submit_job_states`:
+when they change, and every few seconds for the jobs it holds, so the store knows the worker is
+alive), and asks for the stored jobs to be aged (:meth:`StateWriter.submit_sweep`). Reports are
+written after the captures handed over before them, the latest per job; a report that could not
+be written is tried again.
+
 Writes are
 timed and counted (``minder_state_writes_total{outcome}``, ``minder_state_write_seconds``,
 ``minder_state_machines_written_total``); a failed write is logged and the next capture of the
@@ -47,7 +54,7 @@ import numpy as np
 
 from minder.core.hang import HangAnalysis
 from minder.service.telemetry import ServiceMetrics
-from minder.storage.records import JobFinding
+from minder.storage.records import JobFinding, JobReport
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +125,30 @@ class HangStateStore(Protocol):
         ...
 
 
+class JobStatesStore(Protocol):
+    """A store that also keeps each job's lifecycle status."""
+
+    def report_job_states(self, reports: Sequence[JobReport], now: float) -> None:
+        """Store the ``reports`` of the jobs' status at wall time ``now``
+        (:func:`minder.storage.jobs.report_job_states`)."""
+        ...
+
+    def sweep_jobs(
+        self, now: float, stale_after_s: float, retention_s: float
+    ) -> tuple[list[str], list[str]]:
+        """Age the stored jobs (:func:`minder.storage.jobs.sweep_jobs`); the jobs that became
+        idle, and those that ended."""
+        ...
+
+
 _Findings = tuple[float, tuple[JobFinding, ...]]
 """A job's findings to write: ``(data time, the whole set)``."""
 _Hang = tuple[float, HangAnalysis]
 """A job's latest hang analysis to write: ``(data time, the analysis)``."""
+_Report = tuple[float, JobReport]
+"""A job's status to write: ``(wall time of the report, the report)``."""
+_Sweep = tuple[float, float, float]
+"""An ageing of the stored jobs: ``(wall time, stale_after_s, retention_s)``."""
 
 
 @dataclass(slots=True)
@@ -410,6 +437,9 @@ class StateWriter:
         self._pending_hangs: dict[str, _Hang] = {}
         self._hang_retry: dict[str, _Hang] = {}  # as _findings_retry
         self._hang_failing: set[str] = set()
+        self._pending_reports: dict[str, _Report] = {}
+        self._pending_sweep: _Sweep | None = None
+        self._states_failing = False
         self._written: dict[str, _Written] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -486,9 +516,37 @@ class StateWriter:
             self._pending_hangs[job] = entry
         self._wake.set()
 
+    def submit_job_states(self, reports: Sequence[JobReport], now: float) -> None:
+        """Hand over the ``reports`` of jobs' status, made at wall time ``now``; they are
+        written after everything handed over before them, the latest per job. Nothing is
+        written when the store keeps no job status."""
+        if getattr(self.store, "report_job_states", None) is None or not reports:
+            return
+        if not self.background:
+            self._write_reports({r.job: (float(now), r) for r in reports})
+            return
+        with self._lock:
+            for report in reports:
+                self._pending_reports[report.job] = (float(now), report)
+        self._wake.set()
+
+    def submit_sweep(self, now: float, stale_after_s: float, retention_s: float) -> None:
+        """Ask for the stored jobs to be aged at wall time ``now`` (after the reports handed
+        over before): :meth:`JobStatesStore.sweep_jobs`."""
+        if getattr(self.store, "sweep_jobs", None) is None:
+            return
+        sweep = (float(now), float(stale_after_s), float(retention_s))
+        if not self.background:
+            self._write_sweep(sweep)
+            return
+        with self._lock:
+            self._pending_sweep = sweep
+        self._wake.set()
+
     def forget(self, job: str) -> None:
         """``job`` left this worker: drop what is pending and what was written of it (an
-        analysis handed over is still written: it is the job's latest, whoever takes it)."""
+        analysis or a status report handed over is still written: it is the job's latest,
+        whoever takes it)."""
         if not self.background:
             self._written.pop(job, None)
             self._findings_retry.pop(job, None)
@@ -504,16 +562,25 @@ class StateWriter:
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything submitted so far is written (or failed); False on timeout."""
         if not self.background or self._thread is None:
-            return not self._pending
+            return not self._has_pending()
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending or self._pending_findings or self._pending_hangs or self._busy:
+            while self._busy or self._has_pending():
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
                 self._idle.wait(min(left, 0.1))
         return True
+
+    def _has_pending(self) -> bool:
+        return bool(
+            self._pending
+            or self._pending_findings
+            or self._pending_hangs
+            or self._pending_reports
+            or self._pending_sweep is not None
+        )
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is pending (for up to ``timeout_s``), then stop the thread."""
@@ -524,6 +591,7 @@ class StateWriter:
                 left = [job for job, c in self._pending.items() if c is not None]
                 left += [job for job in self._pending_findings if job not in left]
                 left += [job for job in self._pending_hangs if job not in left]
+                left += [job for job in self._pending_reports if job not in left]
             logger.error("job state of %d job(s) not written at shutdown: %s", len(left),
                          ", ".join(job[:64] for job in left[:8]))  # fmt: skip
         self._stop.set()
@@ -540,7 +608,9 @@ class StateWriter:
                 pending, self._pending = self._pending, {}
                 findings, self._pending_findings = self._pending_findings, {}
                 hangs, self._pending_hangs = self._pending_hangs, {}
-                self._busy = bool(pending or findings or hangs)
+                reports, self._pending_reports = self._pending_reports, {}
+                sweep, self._pending_sweep = self._pending_sweep, None
+                self._busy = bool(pending or findings or hangs or reports or sweep)
             try:
                 for job, capture in pending.items():
                     if capture is None:
@@ -557,6 +627,11 @@ class StateWriter:
                     self._write_findings(job, ts, found)
                 for job, (ts, analysis) in hangs.items():
                     self._write_hang(job, ts, analysis)
+                # after what was handed over before them: a job's status is the last word
+                if reports:
+                    self._write_reports(reports)
+                if sweep is not None:
+                    self._write_sweep(sweep)
             finally:
                 with self._idle:
                     self._busy = False
@@ -699,6 +774,61 @@ class StateWriter:
         self.writes += 1
         self._count("ok", time.perf_counter() - began, 0)
 
+    def _write_reports(self, reports: dict[str, _Report]) -> None:
+        """Write the jobs' status reports (those of one wall time together); on failure keep
+        them to try again (unless a newer report of the job is pending by then)."""
+        save = getattr(self.store, "report_job_states", None)
+        if save is None:
+            return
+        by_time: dict[float, list[JobReport]] = {}
+        for now, report in reports.values():
+            by_time.setdefault(now, []).append(report)
+        began = time.perf_counter()
+        try:
+            for now in sorted(by_time):
+                save(by_time[now], now)
+        except Exception as exc:
+            self.failures += 1
+            self._count("error", time.perf_counter() - began, 0)
+            if self.background:
+                with self._lock:
+                    for job, entry in reports.items():
+                        self._pending_reports.setdefault(job, entry)
+            if not self._states_failing:
+                self._states_failing = True
+                logger.exception("could not save the status of %d job(s); tried again",
+                                 len(reports))  # fmt: skip
+            else:
+                logger.warning("could not save the status of %d job(s): %s", len(reports),
+                               str(exc)[:200])  # fmt: skip
+            return
+        if self._states_failing:
+            self._states_failing = False
+            logger.info("job status saved again")
+        self.writes += 1
+        self._count("ok", time.perf_counter() - began, 0)
+
+    def _write_sweep(self, sweep: _Sweep) -> None:
+        """Age the stored jobs and say which became idle or ended (a failure is logged: the
+        next sweep does the same)."""
+        run = getattr(self.store, "sweep_jobs", None)
+        if run is None:
+            return
+        now, stale_after_s, retention_s = sweep
+        try:
+            idle, ended = run(now, stale_after_s, retention_s)
+        except Exception as exc:
+            self.failures += 1
+            logger.warning("could not age the stored jobs: %s", str(exc)[:200])
+            return
+        if idle:
+            logger.info("%d job(s) idle: no word for %.0f s from the worker that held them (it "
+                        "stopped or restarted): %s", len(idle), stale_after_s,
+                        _names(idle))  # fmt: skip
+        if ended:
+            logger.info("%d job(s) ended: idle for the retention of %.0f s: %s", len(ended),
+                        retention_s, _names(ended))  # fmt: skip
+
     def _count(self, outcome: str, seconds: float, machines: int) -> None:
         metrics = self.metrics
         if metrics is None:
@@ -706,3 +836,9 @@ class StateWriter:
         metrics.state_writes.labels(outcome=outcome).inc()
         metrics.state_write_seconds.observe(seconds)
         metrics.state_machines_written.inc(machines)
+
+
+def _names(jobs: Sequence[str], shown: int = 8) -> str:
+    """The first ``shown`` job names (each cut at 64 characters), then how many more."""
+    out = ", ".join(job[:64] for job in jobs[:shown])
+    return out + (f" and {len(jobs) - shown} more" if len(jobs) > shown else "")

@@ -1,4 +1,5 @@
-"""The service's durable state: alerts (with their outbox events), jobs, machines, scores."""
+"""The service's durable state: alerts (with their outbox events), jobs (with their lifecycle),
+machines, scores."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from minder.storage.alerts import count_active_alerts_by_machine
 from minder.storage.engine import SessionFactory, read_only
 from minder.storage.hangs import save_hang_analysis
 from minder.storage.jobs import (
+    report_job_states,
     save_job_findings,
     save_scores,
     set_top_scores,
+    sweep_jobs,
     upsert_job_machines,
     upsert_scores,
 )
 from minder.storage.outbox import Destination, record_alert_with_events
-from minder.storage.records import JobFinding, MachineInfo, ScoreRow
+from minder.storage.records import JobFinding, JobReport, MachineInfo, ScoreRow
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +100,19 @@ class SqlStateStore:
         """Keep ``analysis`` as the job's latest hang analysis, as of data time ``ts``."""
         with self.sessions.begin() as session:
             save_hang_analysis(session, job, analysis, ts)
+
+    def report_job_states(self, reports: Sequence[JobReport], now: float) -> None:
+        """Store the jobs' status as the detection worker reports it, at wall time ``now``."""
+        with self.sessions.begin() as session:
+            report_job_states(session, reports, now)
+
+    def sweep_jobs(
+        self, now: float, stale_after_s: float, retention_s: float
+    ) -> tuple[list[str], list[str]]:
+        """Age the stored jobs at wall time ``now``; the jobs that became idle, and those that
+        ended."""
+        with self.sessions.begin() as session:
+            return sweep_jobs(session, now, stale_after_s=stale_after_s, retention_s=retention_s)
 
 
 def _infos(machines: Iterable[MachineSnapshot]) -> list[MachineInfo]:

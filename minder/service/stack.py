@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -36,6 +36,7 @@ from minder.service.persistence import StateWriter
 from minder.service.prometheus_source import PrometheusPoller
 from minder.service.runner import DetectionWorker
 from minder.service.sinks import SqlStateStore
+from minder.service.source import SOURCES, Source
 from minder.service.telemetry import ServiceMetrics
 from minder.storage.engine import Engine, create_engine_for, session_factory
 from minder.storage.layouts import SqlLayoutStore
@@ -45,10 +46,6 @@ from minder.stream.consumer import BatchConsumer
 from minder.stream.topics import check_reachable, ensure_topics
 
 logger = logging.getLogger(__name__)
-
-Source = Literal["kafka", "prometheus", "both"]
-"""Where the service's batches come from (``minder serve --source``)."""
-SOURCES: tuple[Source, ...] = ("kafka", "prometheus", "both")
 
 
 class SharedDetectionService(DetectionService):
@@ -66,6 +63,10 @@ class SharedDetectionService(DetectionService):
     def tick(self) -> list[Alert]:
         with self._lock:
             return super().tick()
+
+    def release(self, reason: str = "the service stopped") -> None:
+        with self._lock:
+            super().release(reason)
 
 
 @dataclass
@@ -135,6 +136,8 @@ class Stack:
                 why = "port in use?" if self._api_error is None else _why(self._api_error)
                 raise MinderError(f"the API did not start on {self.api_url} ({why}); see the log")
             time.sleep(0.05)
+        if api_settings.port == 0:  # the port the system chose: api_url and the start line
+            api_settings.port = self.server.bound_port() or 0
         logger.info(
             "the API holds at most %d connections (open-file limit %s), a request head must "
             "arrive within %g s",
@@ -188,6 +191,8 @@ class Stack:
             self.worker.stop()
         if self.confirmations is not None:
             self.confirmations.close()
+        # Nothing feeds the service now: its jobs are idle until a worker holds them again.
+        self.service.release()
         if self.writer is not None:
             self.writer.close()  # writes the job state still pending
         self.delivery.stop()
@@ -285,6 +290,7 @@ def build_stack(
         store=store,
         writer=writer,
         confirmations=confirmations,
+        idle_retention_s=settings.detection.job_retention_s,
     )
     worker: DetectionWorker | None = None
     poller: PrometheusPoller | None = None

@@ -2,17 +2,18 @@
 
 Label hygiene (docs/metrics.md): no label is named ``job`` or ``instance``, which Prometheus
 attaches to every scraped series itself (a default scrape would rename ours to
-``exported_job``); Minder's job is ``job_id``. Per-job series are removed when the job retires, so
-their number follows the jobs and machines this worker watches.
+``exported_job``); Minder's job is ``job_id``. Per-job series exist while the job is active and
+are removed when it becomes idle or ends (docs/operations.md, "Job lifecycle"), so their number
+follows the jobs and machines this worker watches.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from minder import __version__
@@ -166,6 +167,15 @@ class ServiceMetrics:
             [JOB_LABEL, "machine"],
             registry=r,
         )
+        self.machine_score_all = JobSeriesCollector(
+            "minder_machine_score_all",
+            "Highest robust peer z-score of a machine over all metrics at the last evaluation, "
+            "for every machine of the job up to MINDER_DETECTION__MACHINE_SERIES_PER_JOB (4,096 "
+            "by default; the highest scores beyond it); 0 for a machine without a score (silent, "
+            "new)",
+            ["machine"],
+        )
+        r.register(self.machine_score_all)
         self.alerts = Counter(
             "minder_alerts_total", "Alerts raised (new faults)", ["kind"], registry=r
         )
@@ -186,15 +196,28 @@ class ServiceMetrics:
             ["sink", "outcome"],
             registry=r,
         )
-        self.jobs = Gauge("minder_jobs", "Jobs with a live detection window", registry=r)
+        self.jobs = Gauge(
+            "minder_jobs",
+            "Active jobs this worker holds (status 'active' in GET /api/v1/jobs: idle and ended "
+            "jobs are not counted)",
+            registry=r,
+        )
         self.stalled_jobs = Gauge(
             "minder_stalled_jobs",
             "Jobs whose data keeps arriving while their evaluation has not advanced for a minute",
             registry=r,
         )
-        self.machines = Gauge("minder_machines", "Machines across live job windows", registry=r)
+        self.machines = Gauge(
+            "minder_machines",
+            "Machines in the active jobs now (the sum of minder_job_machines)",
+            registry=r,
+        )
         self.job_machines = Gauge(
-            "minder_job_machines", "Machines in the job's detection window", [JOB_LABEL], registry=r
+            "minder_job_machines",
+            "Machines in the job now: reported and not departed (active_machines in GET "
+            "/api/v1/jobs); only while the job is active, gone when it is idle or ended",
+            [JOB_LABEL],
+            registry=r,
         )
         self.membership_changes = Counter(
             "minder_membership_changes_total",
@@ -210,13 +233,14 @@ class ServiceMetrics:
             [JOB_LABEL],
             registry=r,
         )
-        self.rank_lateness = Gauge(
+        self.rank_lateness = JobSeriesCollector(
             "minder_rank_lateness_seconds",
             "How long the rank's peers waited for it per step (train_lateness_seconds, derived "
-            "from the ranks' collective times); the latest ranks of each job only",
-            [JOB_LABEL, "machine", "device"],
-            registry=r,
+            "from the ranks' collective times); every rank of the job up to "
+            "MINDER_DETECTION__MACHINE_SERIES_PER_JOB (4,096 by default; the latest beyond it)",
+            ["machine", "device"],
         )
+        r.register(self.rank_lateness)
         self.job_peer_coherence = Gauge(
             "minder_job_peer_coherence",
             "Share of the job's machines that stayed with their peers on the metric over the "
@@ -343,7 +367,8 @@ class ServiceMetrics:
             self.unauthenticated.labels(reason=reason, action=action)
 
     def forget_job(self, job: str) -> None:
-        """Remove a retired job's own gauges (its per-machine top-k series are the engine's)."""
+        """Remove the gauges of a job no longer active (idle or ended; its per-machine series
+        are the engine's)."""
         gauges = (
             self.job_machines,
             self.job_interval,
@@ -355,6 +380,45 @@ class ServiceMetrics:
         for gauge in gauges:
             with contextlib.suppress(KeyError):
                 gauge.remove(job)
+
+
+class JobSeriesCollector(Collector):
+    """A gauge of per-job series (``job_id`` and ``labels``) that the detection loop replaces a
+    job at a time, built at scrape time: thousands of series per job cost the loop one list per
+    job and nothing per series (a :class:`Gauge` child per series would cost microseconds each
+    at every refresh). ``minder_machine_score_all`` and ``minder_rank_lateness_seconds``, up to
+    ``DetectionSettings.machine_series_per_job`` per job."""
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = [JOB_LABEL, *labels]
+        self._jobs: dict[str, tuple[tuple[tuple[str, ...], float], ...]] = {}
+
+    def set_job(self, job: str, rows: Iterable[tuple[tuple[str, ...], float]]) -> None:
+        """Replace ``job``'s series with ``(label values after job_id, value)`` rows."""
+        self._jobs[job] = tuple(rows)
+
+    def forget(self, job: str) -> None:
+        """Remove ``job``'s series."""
+        self._jobs.pop(job, None)
+
+    def series(self, job: str) -> dict[tuple[str, ...], float]:
+        """``job``'s series now, by label values after ``job_id``."""
+        return dict(self._jobs.get(job, ()))
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for job, rows in list(self._jobs.items()):  # the loop replaces entries, never edits
+            for values, value in rows:
+                family.add_metric([job, *values], value)
+        yield family
 
 
 class LayoutStoreCollector(Collector):

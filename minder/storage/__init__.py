@@ -45,9 +45,11 @@ from minder.storage.jobs import (
     list_job_findings,
     list_jobs,
     list_machines,
+    report_job_states,
     save_job_findings,
     save_scores,
     set_job_status,
+    sweep_jobs,
     upsert_job_machines,
 )
 from minder.storage.layouts import SqlLayoutStore, load_layout, save_layout
@@ -62,6 +64,7 @@ from minder.storage.records import (
     AlertRecord,
     JobFinding,
     JobInfo,
+    JobReport,
     JobStatus,
     MachineInfo,
     MachineScore,
@@ -89,6 +92,7 @@ __all__ = [
     "HangRecord",
     "JobFinding",
     "JobInfo",
+    "JobReport",
     "JobStatus",
     "MachineInfo",
     "MachineScore",
@@ -134,6 +138,7 @@ __all__ = [
     "parse_status",
     "parse_whatif_status",
     "record_alert",
+    "report_job_states",
     "save_hang_analysis",
     "save_job_findings",
     "save_layout",
@@ -142,6 +147,7 @@ __all__ = [
     "session_factory",
     "set_alert_status",
     "set_job_status",
+    "sweep_jobs",
     "upgrade_database",
     "upsert_job_machines",
 ]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, case, delete, func, select, tuple_, update
+from sqlalchemy import Table, and_, bindparam, case, delete, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
@@ -24,6 +24,7 @@ from minder.storage.models import JobFindingRow, JobRow, MachineRow, MachineScor
 from minder.storage.records import (
     JobFinding,
     JobInfo,
+    JobReport,
     JobStatus,
     MachineInfo,
     MachineScore,
@@ -124,16 +125,27 @@ def _later(column: Any, new: Any) -> Any:
     return case((column > new, column), else_=new)
 
 
+def _new_job(job: str, ts: float, now: float) -> dict[str, Any]:
+    """The row of a job first seen at data time ``ts`` (wall time ``now``): active."""
+    return {
+        "id": job,
+        "first_seen_ts": ts,
+        "last_seen_ts": ts,
+        "machine_count": 0,
+        "status": JobStatus.ACTIVE.value,
+        "updated_at": now,
+        "active_machines": 0,
+        "status_since": now,
+        "status_reason": "",
+        "reported_at": now,
+    }
+
+
 def _touch_job(session: Session, job: str, ts: float, now: float) -> None:
+    """Register ``job`` (active) or widen its seen times to include ``ts``. Its status is left
+    as it is: the detection worker that holds the job says it (:func:`report_job_states`)."""
     upsert = _upsert_construct(session)
-    stmt = upsert(_JOBS).values(
-        id=job,
-        first_seen_ts=ts,
-        last_seen_ts=ts,
-        machine_count=0,
-        status=JobStatus.ACTIVE.value,
-        updated_at=now,
-    )
+    stmt = upsert(_JOBS).values(**_new_job(job, ts, now))
     stmt = stmt.on_conflict_do_update(
         index_elements=[_JOBS.c.id],
         set_={
@@ -142,7 +154,6 @@ def _touch_job(session: Session, job: str, ts: float, now: float) -> None:
                 else_=stmt.excluded.first_seen_ts,
             ),
             "last_seen_ts": _later(_JOBS.c.last_seen_ts, stmt.excluded.last_seen_ts),
-            "status": JobStatus.ACTIVE.value,
             "updated_at": now,
         },
     )
@@ -162,7 +173,8 @@ def upsert_job_machines(
 ) -> int:
     """Register ``job`` (seen at ``ts``) and its ``machines``, creating or updating them.
 
-    The job becomes ``active``; its ``first_seen_ts``/``last_seen_ts`` widen to include ``ts``.
+    A new job is ``active`` (a known one keeps its status: :func:`report_job_states`); its
+    ``first_seen_ts``/``last_seen_ts`` widen to include ``ts``.
     Each machine gets its ``group`` and ``domain`` as given and ``last_seen_ts`` = the later of the
     stored one and its own (``ts`` when it has none). Machines not listed are kept. A name listed
     twice counts once (the last entry wins).
@@ -459,6 +471,9 @@ def _job_info(row: JobRow, open_alerts: int, finding_count: int = 0) -> JobInfo:
         updated_at=row.updated_at,
         open_alerts=open_alerts,
         finding_count=finding_count,
+        active_machines=row.active_machines,
+        status_since=row.status_since,
+        status_reason=row.status_reason,
     )
 
 
@@ -500,15 +515,180 @@ def get_job(session: Session, job: str) -> JobInfo:
     )
 
 
-def set_job_status(session: Session, job: str, status: JobStatus | str) -> JobInfo:
-    """Mark ``job`` active or finished (the next upsert or scores make it active again)."""
+def set_job_status(
+    session: Session, job: str, status: JobStatus | str, reason: str = "set by hand"
+) -> JobInfo:
+    """Put ``job`` in ``status`` (tools, tests; the service reports through
+    :func:`report_job_states`, which the next report of a worker that holds the job
+    overrides)."""
     parsed = _parse_job_status(status)
     row = _job_row(session, job)
     if row.status != parsed.value:
+        now = time.time()
         row.status = parsed.value
-        row.updated_at = time.time()
+        row.status_since = now
+        row.status_reason = "" if parsed is JobStatus.ACTIVE else reason[:NAME_MAX_LEN]
+        if parsed is not JobStatus.ACTIVE:
+            row.active_machines = 0
+        row.reported_at = now
+        row.updated_at = now
         session.flush()
     return get_job(session, job)
+
+
+def report_job_states(session: Session, reports: Iterable[JobReport], now: float) -> None:
+    """Store what a detection worker says about the jobs it holds (or held), at wall time
+    ``now`` (the worker's clock).
+
+    ``active``: the job is registered if unknown, becomes active (``status_since`` = ``now``
+    when it was not), takes the report's ``active_machines`` and ``reported_at`` = ``now``.
+    ``idle`` (its window was dropped) applies to an active job only, ``ended`` to a job not
+    ended yet; both set ``active_machines`` to 0 and keep the report's reason (an unknown job
+    is registered in that status). A report whose
+    ``seen_ts`` is older than the job's stored ``last_seen_ts`` is ignored: another worker
+    has newer data of the job (it took the job's partition over). Each report raises
+    ``last_seen_ts`` to its ``seen_ts``.
+
+    Raises
+    ------
+    ValidationError
+        For a bad job name, a negative machine count or a non-finite time (nothing is
+        changed then).
+    """
+    by_job: dict[str, JobReport] = {}
+    for report in reports:
+        check_name(report.job, "job")
+        status = _parse_job_status(report.status)
+        if not (math.isfinite(report.seen_ts) and math.isfinite(now)):
+            raise ValidationError(
+                f"report of job {report.job!r} at seen_ts {report.seen_ts!r}, now {now!r}: "
+                "expected finite times"
+            )
+        if report.active_machines < 0:
+            raise ValidationError(
+                f"report of job {report.job!r}: active_machines {report.active_machines!r}: "
+                "expected a count >= 0"
+            )
+        by_job[report.job] = JobReport(
+            report.job,
+            status,
+            int(report.active_machines) if status is JobStatus.ACTIVE else 0,
+            float(report.seen_ts),
+            "" if status is JobStatus.ACTIVE else report.reason[:NAME_MAX_LEN],
+        )
+    active = [r for r in by_job.values() if r.status is JobStatus.ACTIVE]
+    upsert = _upsert_construct(session)
+    if active:
+        stmt = upsert(_JOBS)
+        was_active = _JOBS.c.status == JobStatus.ACTIVE.value
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[_JOBS.c.id],
+            set_={
+                "status": JobStatus.ACTIVE.value,
+                "status_since": case(
+                    (was_active, _JOBS.c.status_since), else_=stmt.excluded.status_since
+                ),
+                "status_reason": "",
+                "active_machines": stmt.excluded.active_machines,
+                "reported_at": stmt.excluded.reported_at,
+                "last_seen_ts": _later(_JOBS.c.last_seen_ts, stmt.excluded.last_seen_ts),
+                # a report that changes nothing (the worker's periodic word) is no update
+                "updated_at": case(
+                    (
+                        and_(was_active, _JOBS.c.active_machines == stmt.excluded.active_machines),
+                        _JOBS.c.updated_at,
+                    ),
+                    else_=stmt.excluded.updated_at,
+                ),
+            },
+            where=_JOBS.c.last_seen_ts <= stmt.excluded.last_seen_ts,
+        )
+        rows = []
+        for r in sorted(active, key=lambda r: r.job):
+            row = _new_job(r.job, r.seen_ts, now)
+            row["active_machines"] = r.active_machines
+            rows.append(row)
+        for lo in range(0, len(rows), _IN_CHUNK // 10):
+            session.execute(stmt, rows[lo : lo + _IN_CHUNK // 10])
+    for r in sorted(by_job.values(), key=lambda r: r.job):
+        if r.status is JobStatus.ACTIVE:
+            continue
+        # a job never written (it ended before its first evaluation) is registered as it is
+        row = _new_job(r.job, r.seen_ts, now)
+        row.update(status=r.status.value, status_reason=r.reason)
+        session.execute(upsert(_JOBS).values(**row).on_conflict_do_nothing())
+        if r.status is JobStatus.IDLE:
+            allowed = _JOBS.c.status == JobStatus.ACTIVE.value
+        else:
+            allowed = _JOBS.c.status != JobStatus.ENDED.value
+        session.execute(
+            update(_JOBS)
+            .where(_JOBS.c.id == r.job, allowed, _JOBS.c.last_seen_ts <= r.seen_ts)
+            .values(
+                status=r.status.value,
+                status_since=now,
+                status_reason=r.reason,
+                active_machines=0,
+                last_seen_ts=_later(_JOBS.c.last_seen_ts, r.seen_ts),
+                updated_at=now,
+            )
+        )
+    session.flush()
+
+
+def sweep_jobs(
+    session: Session, now: float, *, stale_after_s: float, retention_s: float
+) -> tuple[list[str], list[str]]:
+    """Age the stored jobs at wall time ``now``: an active job no worker said is active for
+    ``stale_after_s`` becomes idle (the worker that held it stopped: a restart, a crash), an
+    idle job idle for ``retention_s`` becomes ended.
+
+    Returns
+    -------
+    tuple[list[str], list[str]]
+        The jobs that became idle, and those that ended, by name.
+    """
+    if not (stale_after_s >= 0 and retention_s >= 0 and math.isfinite(now)):
+        raise ValidationError(
+            f"sweep at {now!r} with stale_after_s={stale_after_s!r}, "
+            f"retention_s={retention_s!r}: expected a finite time and seconds >= 0"
+        )
+    steps = (
+        (
+            JobStatus.ACTIVE,
+            _JOBS.c.reported_at,
+            stale_after_s,
+            JobStatus.IDLE,
+            f"no word for {stale_after_s:.0f} s from the worker that held it (it stopped or "
+            "restarted)",
+        ),
+        (
+            JobStatus.IDLE,
+            _JOBS.c.status_since,
+            retention_s,
+            JobStatus.ENDED,
+            f"idle for the retention of {retention_s:.0f} s",
+        ),
+    )
+    out: list[list[str]] = []
+    for before, since, after_s, status, reason in steps:
+        due = (_JOBS.c.status == before.value, since < now - after_s)
+        names = sorted(session.scalars(select(_JOBS.c.id).where(*due)))
+        for lo in range(0, len(names), _IN_CHUNK):
+            session.execute(
+                update(_JOBS)
+                .where(_JOBS.c.id.in_(names[lo : lo + _IN_CHUNK]), *due)
+                .values(
+                    status=status.value,
+                    status_since=now,
+                    status_reason=reason,
+                    active_machines=0,
+                    updated_at=now,
+                )
+            )
+        out.append(names)
+    session.flush()
+    return out[0], out[1]
 
 
 def list_machines(session: Session, job: str) -> list[MachineState]:

@@ -44,7 +44,8 @@ class Base(DeclarativeBase):
 
 
 class JobRow(Base):
-    """A training job Minder has seen."""
+    """A training job Minder has seen, and where it is in its life (``active``, ``idle``,
+    ``ended``: :class:`minder.storage.records.JobStatus`)."""
 
     __tablename__ = "jobs"
 
@@ -52,8 +53,17 @@ class JobRow(Base):
     first_seen_ts: Mapped[float] = mapped_column(Double)
     last_seen_ts: Mapped[float] = mapped_column(Double, index=True)
     machine_count: Mapped[int] = mapped_column(Integer, default=0)
-    status: Mapped[str] = mapped_column(String(32), default="active")
+    """Machines the job has had (registered rows of ``machines``)."""
+    status: Mapped[str] = mapped_column(String(32), default="active", index=True)
     updated_at: Mapped[float] = mapped_column(Double)
+    active_machines: Mapped[int] = mapped_column(Integer, default=0)
+    """Machines in the job now, as the worker that holds it last reported (0 unless active)."""
+    status_since: Mapped[float] = mapped_column(Double)
+    """Wall time the job entered its status (the worker's clock)."""
+    status_reason: Mapped[str] = mapped_column(String(255), default="")
+    reported_at: Mapped[float] = mapped_column(Double)
+    """Wall time a worker last said the job is active: an active job without word for a while
+    was held by a worker that stopped (a restart), and becomes idle."""
 
 
 class MachineRow(Base):

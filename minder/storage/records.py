@@ -15,10 +15,18 @@ from minder.core.errors import ValidationError
 
 
 class JobStatus(StrEnum):
-    """Whether a job still reports."""
+    """Where a job is in its life (docs/operations.md, "Job lifecycle").
+
+    ``active`` while a detection worker holds its window (its machines report, or stopped less
+    than the idle time ago); ``idle`` once its window was dropped (no data for the idle time,
+    or no word from the worker that held it: a restart); ``ended`` when its last machine said
+    goodbye, or it stayed idle past the retention. Data for an idle or ended job makes it
+    active again.
+    """
 
     ACTIVE = "active"
-    FINISHED = "finished"
+    IDLE = "idle"
+    ENDED = "ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,26 @@ class JobInfo:
     updated_at: float
     open_alerts: int = 0
     finding_count: int = 0
+    active_machines: int = 0
+    """Machines in the job now (reported, not departed): ``minder_job_machines``; 0 unless
+    active."""
+    status_since: float = 0.0
+    """Wall time the job entered its status, unix seconds."""
+    status_reason: str = ""
+    """Why it is idle or ended (empty while active)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobReport:
+    """What a detection worker says about a job it holds (or held): its status, the machines
+    in it now, and the newest data time it has of the job (``seen_ts``: a report is ignored
+    when the store has newer data of the job, from the worker that holds it now)."""
+
+    job: str
+    status: JobStatus
+    active_machines: int
+    seen_ts: float
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Delivery of the node agent's pre-encoded batches, in order, with the broker's acknowledgement.
 
-:class:`KafkaRecordSender` is what ``minder.agent_runner`` drains its on-disk spool through: it
+:class:`KafkaRecordSender` is what ``minder.agent.runner`` drains its on-disk spool through: it
 sends a run of records and reports how many of them, from the first, the broker acknowledged, so
 the caller removes exactly those from the spool and sends the rest again later.
 

@@ -9,7 +9,9 @@ forked with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) from a 
 as long as the process (Linux sends that signal when the forking *thread* ends). A broker left
 behind anyway (a race at start, an older Minder) is recognised at the next start on its port by
 the ``MINDER_EMBEDDED_BROKER_PARENT`` variable in its environment naming a parent that is gone,
-and is killed; a port held by anything else is never touched.
+and is killed; a port held by anything else is never touched. It runs in a session of its own,
+so that a Ctrl-C at the terminal reaches Minder only, which closes its clients before it stops
+the broker (a broker gone first made each client log its failed reconnects).
 """
 
 from __future__ import annotations
@@ -244,8 +246,8 @@ class EmbeddedBroker:
     Parameters
     ----------
     port
-        TCP port to listen on; ``None`` picks a free one at the first start. The port is kept
-        across :meth:`stop` / :meth:`start`, so clients can reconnect to the same address.
+        TCP port to listen on; ``None`` or 0 picks a free one at the first start. The port is
+        kept across :meth:`stop` / :meth:`start`, so clients can reconnect to the same address.
     host
         Address to listen on and advertise; loopback by default.
     log_path
@@ -279,13 +281,13 @@ class EmbeddedBroker:
         stop_timeout_s: float = 5.0,
         topics: Mapping[str, int] | None = None,
     ) -> None:
-        if port is not None and not 0 < port < 65536:
-            raise BrokerError(f"broker port is {port!r}: expected 1-65535 or None for a free port")
+        if port is not None and not 0 <= port < 65536:
+            raise BrokerError(f"broker port is {port!r}: expected 1-65535, or 0 for a free port")
         if ready_timeout_s <= 0 or stop_timeout_s <= 0:
             raise BrokerError(
                 f"timeouts are ready={ready_timeout_s!r}, stop={stop_timeout_s!r}: expected > 0"
             )
-        self._port = port
+        self._port = port or None
         self._host = host
         self._owns_log = log_path is None
         self._log_path: Path | None = None if log_path is None else Path(log_path)
@@ -361,6 +363,10 @@ class EmbeddedBroker:
                     stderr=subprocess.STDOUT,
                     env=environment,
                     preexec_fn=preexec,  # noqa: PLW1509 (only prctl and getppid: no locks)
+                    # Its own session: a Ctrl-C at the terminal (SIGINT to the foreground
+                    # process group) stops Minder, which closes its clients and then stops the
+                    # broker; a broker killed first made every client log its reconnects.
+                    start_new_session=True,
                 )
             )
         except OSError as exc:
@@ -448,8 +454,8 @@ class EmbeddedBroker:
         holders = port_holders(self.port)
         if not holders:
             raise BrokerError(
-                f"port {where} is in use by another process (pid unknown): stop it or let the "
-                "broker pick a free port (port=None)"
+                f"port {where} is in use by another process (pid unknown): stop it or choose "
+                "another port (0 picks a free one)"
             )
         for pid in holders:
             owner = _left_behind_broker(pid)
@@ -459,7 +465,7 @@ class EmbeddedBroker:
                 command = command[:120] or "?"
                 raise BrokerError(
                     f"port {where} is in use by another process (pid {pid}: {command}): stop "
-                    "it or let the broker pick a free port (port=None)"
+                    "it or choose another port (0 picks a free one)"
                 )
             logger.warning(
                 "port %s is held by a Tansu broker (pid %d) that Minder process %d left behind "

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from manual_clock import ManualClock
+from ttar import unpack_ttar
 
 from collectors.base import Collected, Source
 from collectors.ethtool import EthtoolSource, parse_ethtool_stats, rdma_netdevs
-from collectors.ttar import unpack_ttar
 from minder.core.errors import ValidationError
 from minder.core.metrics import validate_sample
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from manual_clock import ManualClock
+from ttar import unpack_ttar
 
 import collectors.ethtool as ethtool_module
 from collectors import ethtool_ioctl
@@ -35,7 +36,6 @@ from collectors.ethtool_ioctl import (
     StatNames,
     read_stats,
 )
-from collectors.ttar import unpack_ttar
 from minder.core.errors import ValidationError
 from minder.core.metrics import validate_sample
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from manual_clock import ManualClock
+from ttar import unpack_ttar
 
 import collectors.rdma as rdma_module
 from collectors.base import Collected, Source
 from collectors.rdma import RdmaSource, is_sysfs, port_device_name
-from collectors.ttar import unpack_ttar
 from minder.core.metrics import validate_sample
 from minder.core.records import EventKind
 

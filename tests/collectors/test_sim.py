@@ -17,6 +17,7 @@ from collectors.sim import (
     bundled_scenarios,
     iter_batches,
     load_scenario,
+    resolve_scenario,
     scenario_labels,
     simulate_table,
     write_scenario_labels,
@@ -154,6 +155,17 @@ def test_bundled_scenarios_load_and_unknown_names_list_them() -> None:
     assert bundled_scenario("demo.yaml") == bundled_scenario("demo")
     with pytest.raises(ScenarioError, match=r"no bundled scenario 'nope'.*demo"):
         bundled_scenario("nope")
+
+
+def test_a_scenario_is_found_by_file_or_bundled_name(tmp_path: Path) -> None:
+    demo = resolve_scenario("demo")
+    assert demo == load_scenario(bundled_scenario("demo"))
+    assert demo.machines == 64
+    assert resolve_scenario(str(bundled_scenario("three-faults"))).machines == 128
+    with pytest.raises(ScenarioError, match=r"no bundled scenario 'nope'"):
+        resolve_scenario("nope")
+    with pytest.raises(ScenarioError, match="does not exist"):
+        resolve_scenario(str(tmp_path / "missing.yaml"))
 
 
 def test_bundled_demo_matches_its_brief() -> None:

@@ -1,5 +1,5 @@
-"""Lets the tests import the repository's ``dashboards`` package (not part of the installed
-wheel) also when pytest is started as ``pytest`` rather than ``python -m pytest``."""
+"""Lets the tests import the repository's ``dashboards`` package (the checkout's, with its
+builders) also when pytest is started as ``pytest`` rather than ``python -m pytest``."""
 
 from __future__ import annotations
 

@@ -159,8 +159,9 @@ def test_the_job_dashboard_has_its_variables_heatmap_band_and_annotation() -> No
     job = DASHBOARDS["minder-job.json"]
     variables = {v["name"]: v for v in job["templating"]["list"]}
     assert variables["job_id"]["query"] == "label_values(minder_job_machines, job_id)"
+    # Every machine of the job (a silent one too), not only the top-k of minder_machine_score.
     assert variables["machine"]["query"] == (
-        'label_values(minder_machine_score{job_id="$job_id"}, machine)'
+        'label_values(minder_machine_score_all{job_id="$job_id"}, machine)'
     )
     metrics = variable_options(job)["metric"]
     assert {"gpu_util_ratio", "gpu_power_watts", "rdma_tx_bytes_per_second"} <= set(metrics)
@@ -169,6 +170,8 @@ def test_the_job_dashboard_has_its_variables_heatmap_band_and_annotation() -> No
     heatmap = panels["Machine scores"]
     assert heatmap["type"] == "heatmap" and heatmap["options"]["calculate"] is False
     assert heatmap["targets"][0]["legendFormat"] == "{{machine}}"
+    assert "minder_machine_score_all{" in heatmap["targets"][0]["expr"]
+    assert "minder_machine_score_all{" in panels["Score of $machine"]["targets"][0]["expr"]
     band = panels["$metric: $machine against its peers"]
     exprs = [t["expr"] for t in band["targets"]]
     assert any(e.startswith("quantile(0.1,") for e in exprs)
@@ -178,6 +181,28 @@ def test_the_job_dashboard_has_its_variables_heatmap_band_and_annotation() -> No
     (annotation,) = job["annotations"]["list"]
     assert "minder_open_alerts" in annotation["expr"] and annotation["titleFormat"]
     assert annotation["useValueForTime"] is False
+
+
+def test_the_job_dashboard_has_per_rank_straggler_panels() -> None:
+    """Live S, straggler alerts, and rank lateness as a heatmap over time (one row per rank)."""
+    job = DASHBOARDS["minder-job.json"]
+    rows = [p["title"] for p in job["panels"] if p["type"] == "row"]
+    assert "Stragglers: live slowdown and rank lateness" in rows
+    panels = {p["title"]: p for p in iter_panels(job)}
+    exprs = {t: [q["expr"] for q in p.get("targets") or []] for t, p in panels.items()}
+    assert exprs["Live slowdown S"] == ['max(minder_job_live_slowdown{job_id="$job_id"})']
+    assert exprs["Live slowdown S over time"] == exprs["Live slowdown S"]
+    assert exprs["Straggler alerts"] == [
+        'max(minder_open_alerts{job_id="$job_id", kind="straggler"})'
+    ]
+    lateness = panels["Rank lateness"]
+    assert lateness["type"] == "heatmap" and lateness["options"]["calculate"] is False
+    assert lateness["targets"][0]["expr"] == (
+        'max by (machine, device) (minder_rank_lateness_seconds{job_id="$job_id"})'
+    )
+    assert lateness["targets"][0]["legendFormat"] == "{{machine}} {{device}}"
+    assert lateness["fieldConfig"]["defaults"]["unit"] == "s"
+    assert "topk(10," in exprs["Latest ranks now"][0]
 
 
 # --- the metric contract ----------------------------------------------------------------------
@@ -203,6 +228,9 @@ def test_every_metric_queried_is_in_the_contract() -> None:
         "minder_open_alerts",
         "minder_alerts_total",
         "minder_machine_score",
+        "minder_machine_score_all",
+        "minder_job_live_slowdown",
+        "minder_rank_lateness_seconds",
         "minder_consumer_lag_messages",
         "minder_evaluation_seconds_bucket",
         "minder_whatif_verdict_info",

@@ -3,13 +3,16 @@
 Started as real processes: the embedded Kafka broker (in this process), ``minder serve`` with
 Slurm actions in log-only mode, four ``minder agent`` processes of the job ``trial`` (RDMA from
 the captured 8-NIC sysfs tree, GPUs from a dcgm-exporter exposition served by this test, one
-Hostname per agent), ``minder simulate --realtime`` of a 16-machine job ``sim`` whose GPU throws
-an XID 10 s in, and a real Prometheus scraping the service (job ``minder``) and the agents (job
-``minder-agent``) every second. A what-if report is uploaded through the API, and one batch from
+Hostname per agent), ``minder simulate --realtime --metrics-port`` of a 16-machine job ``sim``
+with per-rank step signals whose NIC goes down 10 s in, and a real Prometheus scraping the
+service (job ``minder``), the agents (job ``minder-agent``) and the simulated machines' /metrics
+(job ``minder-simulator``) every second. The service exports the top 4 machine scores of each job
+(``MINDER_DETECTION__TOP_K_SCORES=4``), so the machine picker must list every machine from
+``minder_machine_score_all``. A what-if report is uploaded through the API, and one batch from
 a node whose clock is an hour ahead is sent (the service refuses it: rejected batches).
 
-Once every target is up, the fault is alerted and acted on (dry run), and the newest counters
-have two scrapes, every panel, annotation and variable query of every committed dashboard runs
+Once every target is up, the fault is alerted and acted on (dry run), the simulated job has its
+live slowdown S and every rank's lateness, and the newest counters have two scrapes, every panel, annotation and variable query of every committed dashboard runs
 through Prometheus' HTTP API with the dashboards' variables filled in from live label values:
 each query must return series (for a query of the job variable: for at least one live job; for
 the metric variable: at least for its default metric; the hang culprits' table only runs: no
@@ -41,8 +44,9 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_server import PrometheusServer, prometheus_server
+from ttar import unpack_ttar
 
-from collectors.ttar import unpack_ttar
+from collectors.sim.scenario import DEFAULT_METRICS, STRAGGLER_METRICS
 from dashboards.queries import (
     annotation_queries,
     default_variables,
@@ -73,21 +77,27 @@ LIVE_JOBS = (TRIAL_JOB, SIM_JOB)
 AGENTS = 4  # DetectionSettings.min_machines: fewer and the trial job is never scored
 NODES = [f"{TRIAL_JOB}-n{k:04d}" for k in range(AGENTS)]
 GPUS = 8
+SIM_MACHINES = 16
+SIM_METRICS = [*DEFAULT_METRICS, *(m for m in STRAGGLER_METRICS if m not in DEFAULT_METRICS)]
+"""The default metrics and the per-rank step signals (live S, rank lateness)."""
 SCENARIO = f"""\
-description: dashboards live test, 16 machines, gpu_xid on one GPU 10 s in
+description: dashboards live test, 16 machines with step signals, a NIC down 10 s in
 seed: 7
-duration_s: 90
+duration_s: 180
 jobs:
   - name: {SIM_JOB}
-    machines: 16
+    machines: {SIM_MACHINES}
     machines_per_domain: 8
-    step_time_s: 3.0
+    step_time_s: 2.0
+    metrics: {json.dumps(SIM_METRICS)}
 faults:
-  - type: gpu_xid
+  - type: nic_down
     machine: 5
-    device: gpu3
+    device: mlx5_1
     start_s: 10
 """
+"""A NIC down is a rule alert (acted on) that does not stop the job's steps (an XID would stall
+it, and the step signals with it)."""
 STACK_TIMEOUT_S = 120.0
 """From the start of the processes to every readiness condition (alert, action, scrapes)."""
 
@@ -102,6 +112,14 @@ READY = {
     "agents sending (two scrapes)": "count(rate(minder_agent_batches_sent_total[1m]))",
     "the simulated fault alerted": f'minder_open_alerts{{job_id="{SIM_JOB}", kind="rule"}} == 1',
     f"the {TRIAL_JOB} job scored": f'count(minder_machine_score{{job_id="{TRIAL_JOB}"}}) >= 4',
+    f"every machine of {SIM_JOB} scored": (
+        f'count(minder_machine_score_all{{job_id="{SIM_JOB}"}}) == {SIM_MACHINES}'
+    ),
+    "the simulator's /metrics scraped": 'count(up{job="minder-simulator"} == 1) == 1',
+    f"the live S of {SIM_JOB}": f'minder_job_live_slowdown{{job_id="{SIM_JOB}"}}',
+    f"the lateness of every rank of {SIM_JOB}": (
+        f'count(minder_rank_lateness_seconds{{job_id="{SIM_JOB}"}}) == {SIM_MACHINES * 8}'
+    ),
     "the fault acted on (two scrapes)": "count(rate(minder_actions_total[1m]))",
     "the alert stored (two scrapes)": "count(rate(minder_alert_deliveries_total[1m]))",
     "the future batch rejected (two scrapes)": "count(rate(minder_batches_rejected_total[1m]))",
@@ -370,6 +388,8 @@ def _live_variables(prometheus: PrometheusServer, dashboard: dict[str, Any]) -> 
         selector = substitute(selectors["machine"], {"job_id": job})
         machines = _label_values(prometheus, selector, "machine")
         assert len(machines) >= 4, f"machine options of job {job}: {machines}"
+        if job == SIM_JOB:  # every machine, beyond the top 4 of minder_machine_score
+            assert len(machines) == SIM_MACHINES, f"machine options of job {job}: {machines}"
         result[job] = {"job_id": job, "machine": machines[0]}
     return result
 
@@ -430,7 +450,9 @@ def _run_dashboard(
 # --- the test -------------------------------------------------------------------------------
 
 
-def _scrape_configs(service_port: int, agent_ports: list[int]) -> list[dict[str, Any]]:
+def _scrape_configs(
+    service_port: int, agent_ports: list[int], simulator_port: int
+) -> list[dict[str, Any]]:
     return [
         {
             "job_name": "minder",
@@ -441,6 +463,11 @@ def _scrape_configs(service_port: int, agent_ports: list[int]) -> list[dict[str,
             "job_name": "minder-agent",
             "metrics_path": "/metrics",
             "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in agent_ports]}],
+        },
+        {
+            "job_name": "minder-simulator",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": [f"127.0.0.1:{simulator_port}"]}],
         },
     ]
 
@@ -519,6 +546,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
                     "MINDER_ACTIONS__SCONTROL": "/bin/false",
                     "MINDER_WHATIF__WORKDIR": str(tmp_path / "whatif"),
                     "MINDER_API__TOKEN": TOKEN,
+                    "MINDER_DETECTION__TOP_K_SCORES": "4",
                     "COLUMNS": "200",
                 }
             )
@@ -549,10 +577,19 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
                 }
                 args = ["agent", "--no-nvml", *(x for pair in options.items() for x in pair)]
                 processes.append(_start(stack, node, args, env, logs))
+            simulator_port = free_port()
             simulator = _start(
                 stack,
                 "simulate",
-                ["simulate", str(scenario), "--kafka", broker.bootstrap, "--realtime"],
+                [
+                    "simulate",
+                    str(scenario),
+                    "--kafka",
+                    broker.bootstrap,
+                    "--realtime",
+                    "--metrics-port",
+                    str(simulator_port),
+                ],
                 env,
                 logs,
                 may_finish=True,
@@ -560,7 +597,8 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
             processes.append(simulator)
             prometheus = stack.enter_context(
                 prometheus_server(
-                    tmp_path / "prometheus", scrape_configs=_scrape_configs(api_port, agent_ports)
+                    tmp_path / "prometheus",
+                    scrape_configs=_scrape_configs(api_port, agent_ports, simulator_port),
                 )
             )
             api = f"http://127.0.0.1:{api_port}/api/v1"
@@ -574,6 +612,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
 
             _check_metrics(f"http://127.0.0.1:{api_port}/metrics")
             _check_metrics(f"http://127.0.0.1:{agent_ports[0]}/metrics")
+            _check_metrics(f"http://127.0.0.1:{simulator_port}/metrics")
 
             reports = [
                 _run_dashboard(prometheus, path.name, json.loads(path.read_text()))

@@ -1,4 +1,5 @@
-"""``minder dashboards push`` and ``list`` against a fake Grafana (tests/dashboards/fake_grafana.py).
+"""``minder dashboards push`` and ``list`` against a fake Grafana (tests/fake_grafana.py),
+and the Grafana client behind them (:mod:`dashboards.grafana`).
 
 The fake follows Grafana's documented HTTP API because no Grafana server can run here.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +20,10 @@ import pytest
 from fake_grafana import FakeGrafana
 from typer.testing import CliRunner
 
-from minder.cli.dashboards import dashboards_app, folder_uid_for, parse_grafana_url
+from dashboards.bundle import JSON_DIR as SHIPPED_DIR
+from dashboards.bundle import DashboardError
+from dashboards.grafana import folder_uid_for, parse_grafana_url, push_to_grafana
+from minder.cli.dashboards import dashboards_app
 
 pytest.importorskip("grafana_client", reason="grafana-client is not installed")
 
@@ -338,13 +343,40 @@ def test_list_names_the_five_dashboards() -> None:
     assert all(d["panels"] > 0 and d["title"].startswith("Minder / ") for d in listed)
 
 
-def test_the_root_command_has_the_dashboards_group(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_root_command_lists_the_shipped_dashboards_from_any_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --dir, the dashboards shipped with the package (its data), wherever one runs."""
     from minder.cli import app
 
-    monkeypatch.chdir(ROOT)
-    result = runner.invoke(app, ["dashboards", "list"])
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["dashboards", "list", "--format", "json"])
     assert result.exit_code == 0, result.output
-    assert "minder-fleet" in result.stdout and "Minder / Fleet" in result.stdout
+    listed = json.loads(result.stdout)
+    assert {d["uid"] for d in listed} == UIDS
+    assert {Path(d["file"]).parent for d in listed} == {SHIPPED_DIR}
+    assert SHIPPED_DIR.samefile(JSON_DIR)  # in a checkout the package data is the committed JSON
+    table = runner.invoke(app, ["dashboards", "list"])
+    assert table.exit_code == 0, table.output
+    assert "minder-fleet" in table.stdout and "Minder / Fleet" in table.stdout
+
+
+def test_without_grafana_client_the_error_names_the_extra(
+    grafana: FakeGrafana, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "grafana_client", None)  # import raises ImportError
+    line = _one_line_error(_push(grafana, "--token", grafana.token))
+    assert "grafana-client is not installed" in line and "pip install 'minder[grafana]'" in line
+    assert grafana.requests == []
+
+
+def test_the_client_pushes_without_the_cli(grafana: FakeGrafana) -> None:
+    report = push_to_grafana(grafana.url, token=grafana.token, folder="Ops")
+    assert (report.folder_uid, report.folder_created, report.count("created")) == ("ops", True, 5)
+    again = push_to_grafana(grafana.url, token=grafana.token, folder="Ops")
+    assert again.count("unchanged") == 5
+    with pytest.raises(DashboardError, match="401"):
+        push_to_grafana(grafana.url, token="wrong")
 
 
 def test_a_refused_save_names_grafanas_reason(grafana: FakeGrafana) -> None:

@@ -30,6 +30,7 @@ from dashboards.queries import (
     variable_queries,
     variable_selector,
 )
+from minder.core.alert import AlertKind
 from minder.core.metrics import METRICS, MetricKind
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -81,11 +82,23 @@ class ServiceCollector:
             lag.add_metric(["minder.metrics", partition], 3.0)
         yield lag
         score = GaugeMetricFamily("minder_machine_score", "", labels=["job_id", "machine"])
+        whole = GaugeMetricFamily("minder_machine_score_all", "", labels=["job_id", "machine"])
+        lateness = GaugeMetricFamily(
+            "minder_rank_lateness_seconds", "", labels=["job_id", "machine", "device"]
+        )
         for i, machine in enumerate(MACHINES):
             score.add_metric([JOB, machine], 1.0 + 3 * i)
-        yield score
+            whole.add_metric([JOB, machine], 1.0 + 3 * i)
+            for rank in ("rank0", "rank1"):
+                lateness.add_metric([JOB, machine, rank], 0.05 * i)
+        yield from (score, whole, lateness)
+        yield _gauge("minder_job_live_slowdown", {"job_id": JOB}, 1.12)
         yield _counter("minder_alerts", [{"kind": "similarity"}, {"kind": "rule"}], 0.05)
-        yield _gauge("minder_open_alerts", {"job_id": JOB, "kind": "similarity"}, 1)
+        # Every kind of a live job, 0 when none is open (as the service exports them).
+        open_alerts = GaugeMetricFamily("minder_open_alerts", "", labels=["job_id", "kind"])
+        for kind in AlertKind:
+            open_alerts.add_metric([JOB, kind.value], 1 if kind is AlertKind.SIMILARITY else 0)
+        yield open_alerts
         yield _counter("minder_alert_deliveries", [{"sink": "store", "outcome": "ok"}], 0.05)
         yield _counter("minder_alerts_suppressed", [{}], 0.01)
         yield _gauge("minder_assigned_partitions", {}, 2)

@@ -150,18 +150,33 @@ def test_minder_service_settings(services: dict[str, dict[str, Any]]) -> None:
     assert minder.get("stop_signal") == "SIGTERM"
 
 
-def test_simulator_publishes_the_demo_job(services: dict[str, dict[str, Any]]) -> None:
+def test_simulator_publishes_the_trial_job_and_serves_its_metrics(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    from collectors.sim import bundled_scenario, load_scenario
+    from collectors.sim.scenario import STRAGGLER_METRICS
+
     simulator = services["simulator"]
     assert _command(simulator) == [
         "simulate",
-        "demo",
+        "trial",
         "--kafka",
         "kafka:9092",
         "--realtime",
         "--keys-file",
         "/etc/minder/keys/cluster.keys",
+        "--metrics-addr",
+        "0.0.0.0",
+        "--metrics-port",
+        "9479",
     ]
     assert simulator.get("restart", "no") == "no"
+    # The bundled scenario emits the per-rank signals the job dashboard's straggler panels need.
+    [job] = load_scenario(bundled_scenario("trial")).jobs
+    assert set(STRAGGLER_METRICS) <= set(job.metric_names)
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text(encoding="utf-8"))
+    [scrape] = [j for j in config["scrape_configs"] if j["job_name"] == "minder-simulator"]
+    assert [t for sc in scrape["static_configs"] for t in sc["targets"]] == ["simulator:9479"]
 
 
 def test_every_batch_is_signed_with_keys_made_once(services: dict[str, dict[str, Any]]) -> None:

@@ -1,8 +1,9 @@
 """deploy/Dockerfile against pyproject.toml (no Docker daemon here: the file is parsed).
 
 Checks that the image's Python satisfies requires-python, that every package setuptools finds
-is copied in, that the console script is the entrypoint, that the `deep` extra (PyTorch) is not
-installed, and that the build context filter keeps what the Dockerfile copies. hadolint lints
+(the dashboards and their JSON too) is copied in, that the console script is the entrypoint,
+that the extras a documented setting needs (kubernetes, grafana) are installed and the `deep`
+extra (PyTorch) is not, and that the build context filter keeps what the Dockerfile copies. hadolint lints
 it when installed; a slow test builds the wheel from exactly the files the Dockerfile copies.
 """
 
@@ -144,7 +145,7 @@ def test_every_package_and_the_readme_is_copied(
     instructions: list[Instruction], pyproject: dict[str, Any]
 ) -> None:
     packages = setuptools_packages(pyproject)
-    assert {"minder", "collectors", "detectors", "whatif"} <= packages
+    assert {"minder", "collectors", "detectors", "whatif", "dashboards"} <= packages
     builder = next(s for s in stages(instructions) if any(i.keyword == "COPY" for i in s))
     sources = copied_sources(builder)
     expected = packages | {"pyproject.toml", pyproject["project"]["readme"]}
@@ -153,11 +154,40 @@ def test_every_package_and_the_readme_is_copied(
         assert (REPO / source).exists(), f"COPY {source}: no such path in the repository"
 
 
+def installed_extras(instructions: list[Instruction]) -> set[str]:
+    """The extras of the image's ``pip install "/src[${MINDER_EXTRAS}]"`` (the ARG's default)."""
+    runs = " ".join(i.args for i in instructions if i.keyword == "RUN")
+    match = re.search(r'pip install "/src\[\$\{MINDER_EXTRAS\}\]"', runs)
+    assert match, 'expected pip install "/src[${MINDER_EXTRAS}]"'
+    build = next(s for s in stages(instructions) if any(i.keyword == "COPY" for i in s))
+    args = [i.args for i in build if i.keyword == "ARG" and i.args.startswith("MINDER_EXTRAS=")]
+    assert len(args) == 1, "expected one ARG MINDER_EXTRAS=... in the build stage"
+    return {e.strip() for e in args[0].partition("=")[2].strip('"').split(",") if e.strip()}
+
+
 def test_installs_without_the_deep_extra(instructions: list[Instruction]) -> None:
     runs = " ".join(i.args for i in instructions if i.keyword == "RUN")
-    assert re.search(r"pip install[^&;]*\s\.(\s|$)", runs), "expected `pip install .`"
-    assert "[deep" not in runs and ",deep" not in runs and "torch" not in runs
-    assert "[dev" not in runs, "the image needs no dev tools"
+    extras = installed_extras(instructions)
+    assert "deep" not in extras and "torch" not in runs
+    assert not extras & {"dev", "demo"}, "the image needs no dev tools"
+
+
+def test_installs_every_extra_a_documented_setting_needs(
+    instructions: list[Instruction], pyproject: dict[str, Any]
+) -> None:
+    """MINDER_ACTIONS__TARGET=kubernetes needs the kubernetes extra, `minder dashboards push` the
+    grafana extra; PostgreSQL's driver is a core dependency. The dependency layer installs the
+    same extras' requirements as the package install."""
+    extras = installed_extras(instructions)
+    optional = pyproject["project"]["optional-dependencies"]
+    assert {"kubernetes", "grafana"} <= extras <= set(optional)
+    assert any(d.startswith("psycopg") for d in pyproject["project"]["dependencies"])
+    runs = [i.args for i in instructions if i.keyword == "RUN"]
+    layer = next(r for r in runs if "requirements.txt" in r)
+    assert "optional-dependencies" in layer and "MINDER_EXTRAS" in layer
+    final = stages(instructions)[-1]
+    assert "minder dashboards list" in " ".join(r for r in runs), "the build lists the dashboards"
+    assert any("--from=build" in i.args for i in final if i.keyword == "COPY")
 
 
 def test_runtime_stage_runs_the_console_script_as_non_root(
@@ -255,3 +285,6 @@ def test_wheel_builds_from_exactly_the_copied_files(
             on_disk = list((REPO / package).glob(pattern))
             in_wheel = [n for n in names if fnmatch.fnmatch(n, f"{package}/{pattern}")]
             assert len(in_wheel) >= len(on_disk), f"package data {package}/{pattern} missing"
+    # `minder dashboards list|push` read the dashboards from the installed package.
+    shipped = {Path(n).name for n in names if fnmatch.fnmatch(n, "dashboards/json/*.json")}
+    assert shipped == {p.name for p in (REPO / "dashboards" / "json").glob("*.json")}

@@ -193,10 +193,10 @@ def _exported_series() -> set[str]:
 
     from collectors.agent import Agent, AgentExporter, SenderCounters
     from minder.actions.executor import ActionMetrics
-    from minder.api.whatif_runner import WhatIfMetrics
     from minder.delivery.worker import DeliveryMetrics
     from minder.service.prometheus_source import SourceMetrics
     from minder.service.telemetry import ServiceMetrics
+    from minder.service.whatif_runner import WhatIfMetrics
 
     service = ServiceMetrics()
     DeliveryMetrics(service.registry)  # registered by the service's outbox

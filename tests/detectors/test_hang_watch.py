@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from detectors.base import CompositeDetector, default_factory
+from detectors.base import CompositeDetector
 from detectors.hang_watch import HangConfig, HangDetector
 from detectors.hangs import analyze
+from detectors.methods import default_factory
 from detectors.window import JobWindow
 from minder.core.alert import Alert, AlertKind
 from minder.core.hang import (

@@ -55,6 +55,9 @@ def test_analyze_json_matches_the_design(small: Path) -> None:
     assert data["verdict"]["cause"] == "stage" and data["verdict"]["target"] == {"stage": 3}
     assert data["waste"] == pytest.approx(1 - 1 / data["slowdown"])
     assert len(data["per_step"]) == 3 and len(data["by_worker"]) == 8
+    # counts are integers, not 33.0
+    assert type(data["timings"]["replays"]) is int and data["timings"]["replays"] > 0
+    assert type(data["ops"]) is int and all(type(s) is int for s in data["steps"])
 
 
 def test_analyze_json_of_the_published_trace(tmp_path: Path) -> None:

@@ -31,15 +31,10 @@ from minder.api.schemas import (
     WhatIfReportOut,
     WhatIfSummaryOut,
 )
-from minder.api.whatif_inputs import (
-    ALLOWED_TYPES,
-    PathNotAllowedError,
-    UploadTooLargeError,
-    receive_upload,
-    resolve_server_inputs,
-)
-from minder.api.whatif_runner import AnalysisTask, RunnerBusyError, RunnerStoppedError
+from minder.api.whatif_uploads import UploadTooLargeError, receive_upload
 from minder.core.errors import ValidationError
+from minder.service.whatif_inputs import ALLOWED_TYPES, PathNotAllowedError, resolve_server_inputs
+from minder.service.whatif_runner import AnalysisTask, RunnerBusyError, RunnerStoppedError
 from minder.storage import MAX_PAGE, WhatIfStatus, get_report, list_reports
 from whatif import WhatIf
 

@@ -30,7 +30,7 @@ def seed(sessions: SessionFactory) -> None:
             100.0,
         )
         upsert_job_machines(session, "j0", [MachineInfo("a")], 50.0)
-        set_job_status(session, "j0", "finished")
+        set_job_status(session, "j0", "ended", "its last machine said goodbye")
         save_scores(
             session,
             "j1",
@@ -64,9 +64,13 @@ def test_list_and_get_jobs(client: TestClient, sessions: SessionFactory) -> None
     jobs = response.json()
     assert [(j["id"], j["status"], j["machine_count"], j["open_alerts"]) for j in jobs] == [
         ("j1", "active", 3, 1),
-        ("j0", "finished", 1, 0),
+        ("j0", "ended", 1, 0),
     ]
-    assert [j["id"] for j in client.get("/api/v1/jobs", params={"status": "finished"}).json()] == [
+    assert (jobs[1]["active_machines"], jobs[1]["status_reason"]) == (
+        0,
+        "its last machine said goodbye",
+    )
+    assert [j["id"] for j in client.get("/api/v1/jobs", params={"status": "ended"}).json()] == [
         "j0"
     ]
     job = client.get("/api/v1/jobs/j1").json()
@@ -80,7 +84,7 @@ def test_empty_store_lists_no_jobs(client: TestClient) -> None:
 def test_bad_job_status_names_the_allowed_values(client: TestClient) -> None:
     response = client.get("/api/v1/jobs", params={"status": "gone"})
     assert response.status_code == 422
-    assert "'active' or 'finished'" in response.text
+    assert "'active', 'idle' or 'ended'" in response.text
 
 
 def test_machines_of_a_job(client: TestClient, sessions: SessionFactory) -> None:

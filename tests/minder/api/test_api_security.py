@@ -23,13 +23,12 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from minder.api import create_app
-from minder.api.whatif_inputs import relative_to_roots
-from minder.cli.api_client import ApiError, ApiForbiddenError, MinderApi
-from minder.cli.demo import _demo_access
-from minder.cli.serve import describe_access
+from minder.client.api import ApiError, ApiForbiddenError, MinderApi
 from minder.config import ApiSettings, Settings, SettingsError
 from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.core.errors import ValidationError
+from minder.service.demo import _demo_access
+from minder.service.whatif_inputs import relative_to_roots
 from minder.storage import SessionFactory, get_alert, record_alert
 
 BOUNDARY = "minder-security-boundary"
@@ -598,24 +597,25 @@ def no_api_variables(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_serve_and_demo_say_how_changes_are_made(no_api_variables: pytest.MonkeyPatch) -> None:
     settings = Settings()
-    assert describe_access(settings) == (
+    assert settings.api.describe_access() == (
         "API reads from loopback, changes refused until MINDER_API__TOKEN is set"
     )
-    assert "reads from any client (MINDER_API__OPEN_READS=true)" in describe_access(
-        Settings(api=ApiSettings(open_reads=True))
+    assert (
+        "reads from any client (MINDER_API__OPEN_READS=true)"
+        in Settings(api=ApiSettings(open_reads=True)).api.describe_access()
     )
     access = _demo_access(settings)  # the demo makes a token for its run
     assert settings.api.token is not None and len(settings.api.token) >= 24
     assert access == f"reads and changes: --token {settings.api.token} (this run's token)"
-    assert describe_access(settings) == "API changes and reads need the token"
-    assert settings.api.token not in describe_access(settings)
+    assert settings.api.describe_access() == "API changes and reads need the token"
+    assert settings.api.token not in settings.api.describe_access()
     chosen = Settings(api=ApiSettings(token="mine"))
     assert _demo_access(chosen) == "reads and changes: with the token of MINDER_API__TOKEN"
     assert chosen.api.token == "mine"
     open_settings = Settings(api=ApiSettings(open=True))
     assert _demo_access(open_settings).startswith("reads and changes: open to anyone")
     assert open_settings.api.token is None
-    assert "open to reads and changes by anyone" in describe_access(open_settings)
+    assert "open to reads and changes by anyone" in open_settings.api.describe_access()
 
 
 # -- what schemathesis found --------------------------------------------------------------------

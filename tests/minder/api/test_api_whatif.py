@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,16 +18,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from minder.api import create_app
-from minder.api.whatif_runner import (
-    AnalysisTask,
-    RunnerBusyError,
-    RunnerStoppedError,
-    WhatIfMetrics,
-    WhatIfRunner,
-)
-from minder.core.errors import NotFoundError, ValidationError
-from minder.storage import SessionFactory, WhatIfStatus, get_report
-from whatif import WhatIfReport, analyze_path
+from minder.core.errors import ValidationError
+from minder.storage import SessionFactory
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 WIA = DATA / "bytedance-straggler-wia"
@@ -438,92 +429,6 @@ def test_openapi_documents_the_whatif_endpoints(client: TestClient) -> None:
     assert {"WhatIfAccepted", "WhatIfReportOut", "WhatIfPage"} <= set(
         document["components"]["schemas"]
     )
-
-
-# --- the runner itself: queued analyses at shutdown, crashes ----------------------------------
-
-
-class _Gate:
-    """An analysis that waits for a signal, then analyses the ST trace for real."""
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> WhatIfReport:
-        self.started.set()
-        assert self.release.wait(POLL_TIMEOUT_S)
-        return analyze_path(*args, **kwargs)
-
-
-def _task(report_id: str) -> AnalysisTask:
-    return AnalysisTask(report_id=report_id, traces=(need(WIA / "trace-ST.parquet"),))
-
-
-def test_shutdown_finishes_the_running_analysis_and_fails_the_queued_ones(
-    sessions: SessionFactory,
-) -> None:
-    gate = _Gate()
-    runner = WhatIfRunner(sessions, WhatIfMetrics.on(CollectorRegistry()), analyze=gate)
-    runner.start()
-    runner.submit(_task("running"), "test")
-    runner.submit(_task("queued"), "test")
-    assert gate.started.wait(POLL_TIMEOUT_S)
-    stopper = threading.Thread(target=runner.shutdown)
-    stopper.start()
-    time.sleep(0.05)
-    gate.release.set()
-    stopper.join(POLL_TIMEOUT_S)
-
-    with sessions() as session:
-        assert get_report(session, "running").status is WhatIfStatus.DONE
-        queued = get_report(session, "queued")
-    assert queued.status is WhatIfStatus.FAILED
-    assert queued.error is not None and "server stopped before the analysis ran" in queued.error
-
-    with pytest.raises(RunnerStoppedError, match="shutting down"):
-        runner.submit(_task("late"), "test")
-    with sessions() as session:
-        assert get_report(session, "late").status is WhatIfStatus.FAILED
-
-
-def test_an_unexpected_crash_of_the_analysis_is_stored_as_a_failure(
-    sessions: SessionFactory,
-) -> None:
-    def crash(*_args: Any, **_kwargs: Any) -> WhatIfReport:
-        raise RuntimeError("out of coffee")
-
-    runner = WhatIfRunner(sessions, WhatIfMetrics.on(CollectorRegistry()), analyze=crash)
-    runner.start()
-    runner.submit(_task("crash"), "test")
-    runner.shutdown()
-    with sessions() as session:
-        record = get_report(session, "crash")
-    assert record.status is WhatIfStatus.FAILED
-    assert record.error == "internal error (RuntimeError): out of coffee"
-
-
-def test_a_full_backlog_refuses_new_analyses_without_storing_them(
-    sessions: SessionFactory,
-) -> None:
-    gate = _Gate()
-    runner = WhatIfRunner(
-        sessions, WhatIfMetrics.on(CollectorRegistry()), max_backlog=1, analyze=gate
-    )
-    runner.start()
-    try:
-        runner.submit(_task("first"), "test")
-        with pytest.raises(RunnerBusyError, match="1 what-if analyses are running or waiting"):
-            runner.submit(_task("second"), "test")
-    finally:
-        gate.release.set()
-        runner.shutdown()
-    with sessions() as session:
-        assert get_report(session, "first").status is WhatIfStatus.DONE
-        with pytest.raises(NotFoundError):
-            get_report(session, "second")
-    with pytest.raises(ValidationError, match="workers 5 out of range"):
-        WhatIfRunner(sessions, WhatIfMetrics.on(CollectorRegistry()), workers=5)
 
 
 def test_a_restarted_app_restores_each_jobs_latest_slowdown(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collectors.sim import Scenario, iter_batches, simulate_table
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from detectors.offline import detect_table
 from minder.benchmark.replay import chunk_bytes_estimate, job_chunks, replay, simulate
 from minder.core.alert import Alert

@@ -121,6 +121,13 @@ def test_label_columns_are_the_matchings() -> None:
     assert labels["fault_index"].nunique() == 1
 
 
+def test_the_runner_knows_the_independent_suites() -> None:
+    from minder.benchmark.independent.cases import SUITES
+    from minder.benchmark.suite import INDEPENDENT_SUITES
+
+    assert INDEPENDENT_SUITES == SUITES  # written out in suite.py: no import cycle
+
+
 def test_generator_shares_no_code_with_the_simulator() -> None:
     """The generator and the case draws import only minder.core of ours."""
     for name in ("generator.py", "cases.py"):

@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from minder.cli.agent import agent_command, build_fr_watcher, build_sources
+from minder.cli.agent import agent_command
 from minder.core.codec import batch_from_dict
 from minder.core.metrics import validate_sample
 
@@ -41,7 +41,7 @@ runner = CliRunner()
 
 def _sysfs(tmp_path: Path) -> Path:
     """The node_exporter sysfs tree, with an Ethernet netdev under mlx4_0 for ethtool."""
-    from collectors.ttar import unpack_ttar
+    from ttar import unpack_ttar
 
     archive = SHARED / "node_exporter_sys_class_infiniband.ttar"
     if not archive.exists():
@@ -182,27 +182,6 @@ def test_bad_options_exit_2(args: list[str], message: str) -> None:
     )
     assert result.exit_code == 2, result.output
     assert message in result.stderr
-
-
-def test_build_sources_follows_the_options(tmp_path: Path) -> None:
-    sources = build_sources(sysfs_root=tmp_path, probe_address=None, nvml=False)
-    try:
-        assert [s.name for s in sources] == ["rdma", "ethtool", "host"]
-    finally:
-        for s in sources:
-            s.close()
-    sources = build_sources(
-        sysfs_root=tmp_path,
-        ethtool_command=None,
-        dcgm_url="http://127.0.0.1:1/metrics",
-        nccl_dir=tmp_path,
-        probe_address="127.0.0.1:0",
-    )
-    try:
-        assert [s.name for s in sources] == ["dcgm", "rdma", "host", "nccl", "probe"]
-    finally:
-        for s in sources:
-            s.close()
 
 
 def _spool_args(tmp_path: Path, spool_dir: Path) -> list[str]:
@@ -400,7 +379,7 @@ def _record_agent_clients(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, obj
         warnings.simplefilter("ignore", DeprecationWarning)
         from kafka.errors import KafkaTimeoutError
 
-        import minder.agent_runner as runner_module
+        import minder.agent.runner as runner_module
         import minder.stream.agent_sender as sender_module
     made: list[dict[str, object]] = []
 
@@ -561,18 +540,3 @@ def test_bad_flight_recorder_options_exit_2(args: list[str], message: str) -> No
     )
     assert result.exit_code == 2, result.output
     assert _one_line(message) in _one_line(result.stderr)
-
-
-def test_build_fr_watcher_follows_the_options_and_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from collectors.fr_watch import DEFAULT_POLL_S
-    from minder.cli.agent import DEFAULT_FR_POLL_S
-
-    assert DEFAULT_FR_POLL_S == DEFAULT_POLL_S  # written out in the CLI for --help
-    watcher = build_fr_watcher(f"{tmp_path}/dumps/trace_", "n7", 2.0)
-    assert (watcher.directory, watcher.file_prefix) == (tmp_path / "dumps", "trace_")
-    assert (watcher.node, watcher.poll_s) == ("n7", 2.0)
-    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", f"{tmp_path}/fr/nccl_trace_rank_")
-    default = build_fr_watcher(None, "n7")
-    assert (default.directory, default.file_prefix) == (tmp_path / "fr", "nccl_trace_rank_")

@@ -25,11 +25,11 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine
 from typer.testing import CliRunner
 
+from detectors.alert_labels import LabelEnd, fault_name, label_rows, sidecar_path
 from detectors.training import validate_labels
 from minder.api import create_app
 from minder.cli import app
-from minder.cli.api_client import ApiError, MinderApi
-from minder.cli.labels import LabelEnd, fault_name, label_rows, sidecar_path
+from minder.client.api import ApiError, MinderApi
 from minder.core.alert import Alert, AlertKind
 from minder.storage import SessionFactory, session_factory
 from minder.storage.actions import audit, trip_breaker

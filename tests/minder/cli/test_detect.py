@@ -88,6 +88,57 @@ def test_a_missing_table_is_one_line_on_stderr(tmp_path: Path) -> None:
     assert "absent.parquet" in result.output and "does not exist" in result.output
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        # a path without a table's extension that does not exist: said so, not its extension
+        ("nonexistent", None, "'{path}' does not exist: expected a table file (.parquet,"),
+        ("a-directory", "dir", "'{path}' is a directory: expected a table file (.parquet,"),
+        (
+            "corrupt.parquet",
+            b"PAR1 not a parquet file at all",
+            "'{path}' cannot be read as Parquet (Parquet magic bytes not found in footer",
+        ),
+        (
+            "truncated.parquet",
+            "truncated",
+            "'{path}' cannot be read as Parquet (",
+        ),
+        (
+            "corrupt.csv.gz",
+            b"\x1f\x8b\x08 broken gzip stream",
+            "'{path}' cannot be read as CSV (optionally gzip-compressed) (",
+        ),
+    ],
+)
+def test_an_unreadable_table_is_one_line_naming_the_file(
+    table: pd.DataFrame, tmp_path: Path, name: str, content: bytes | str | None, expected: str
+) -> None:
+    path = tmp_path / name
+    if content == "dir":
+        path.mkdir()
+    elif content == "truncated":  # a real table cut in the middle: its footer is gone
+        whole = write_table(table, tmp_path / "whole.parquet").read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    result = runner.invoke(app, ["detect", str(path)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: metric table "), result.output
+    assert expected.format(path=path) in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_json_counts_are_integers(table: pd.DataFrame, tmp_path: Path) -> None:
+    summary = _detect(write_table(table, tmp_path / "t.parquet"))["summary"]
+    job = summary["jobs"]["t"]
+    assert job["machines"] == 16 and type(job["machines"]) is int
+    assert all(type(v) is int for v in job.values()), job
+    assert all(type(v) is int for v in summary["input"].values()), summary["input"]
+    assert type(summary["replay"]["peak_rows"]) is int
+
+
 def test_a_scale_down_is_reported_as_membership_not_alerts(tmp_path: Path) -> None:
     scenario = Scenario.model_validate(
         {

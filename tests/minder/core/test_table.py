@@ -86,10 +86,15 @@ def test_empty_machine_is_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "t.xlsx").write_bytes(b"PK")
     with pytest.raises(TableError, match="unknown extension"):
         read_table(tmp_path / "t.xlsx")
-    with pytest.raises(FileNotFoundError):
-        read_table(tmp_path / "absent.parquet")
+    # a missing file is said to be missing, whatever its extension
+    for name in ("absent.parquet", "absent", "absent.xlsx"):
+        with pytest.raises(FileNotFoundError, match=f"'{tmp_path / name}' does not exist"):
+            read_table(tmp_path / name)
+        with pytest.raises(FileNotFoundError, match="does not exist: expected a table file"):
+            TableReader(tmp_path / name)
 
 
 def _long_table(rows: int) -> pd.DataFrame:
@@ -163,3 +168,21 @@ def test_csv_keeps_timestamps_exact(tmp_path: Path, fraction: float) -> None:
     back = read_table(write_table(frame, tmp_path / "t.csv.gz"))
     np.testing.assert_array_equal(back["ts"].to_numpy(), frame["ts"].to_numpy())
     assert back["ts"].nunique() == 2
+
+
+def test_a_table_this_user_cannot_open_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a damaged file: the open fails (as for a user without read permission; the tests run
+    as root, which opens everything, so the open is made to fail as the OS would)."""
+    path = tmp_path / "locked.csv"
+    path.write_text("ts,job,machine,metric,value\n")
+
+    def denied(*_args: object, **_kwargs: object) -> pd.DataFrame:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(pd, "read_csv", denied)
+    with pytest.raises(TableError, match="cannot be opened \\(Permission denied\\)") as caught:
+        read_table(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+    assert "expected a file this user can read" in str(caught.value)

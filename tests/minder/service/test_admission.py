@@ -10,7 +10,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.actions.base import ActionError
 from minder.core.records import NodeBatch
 from minder.service.admission import (

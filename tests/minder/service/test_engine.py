@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from collectors.sim import Scenario, iter_batches
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService
 from minder.service.telemetry import ServiceMetrics

@@ -314,7 +314,7 @@ def _summary(rank: int, node: str, joined: bool) -> RankSummary:
 
 def test_a_real_detection_service_finds_the_rank_that_never_joined(tmp_path: Path) -> None:
     pytest.importorskip("detectors.hang_watch", reason="detectors/hang_watch.py not written yet")
-    from detectors.base import default_factory
+    from detectors.methods import default_factory
 
     engine = create_engine_for(f"sqlite:///{tmp_path / 'minder.db'}")
     upgrade_database(engine)

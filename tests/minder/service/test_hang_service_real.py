@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from collectors.flight_recorder import read_summary
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.alert import AlertKind
 from minder.core.hang import RankSummary
 from minder.core.records import NodeBatch

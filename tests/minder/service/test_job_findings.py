@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from detectors.window import JobWindow
 from minder.core.alert import Alert
 from minder.core.records import NodeBatch

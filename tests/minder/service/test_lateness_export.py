@@ -1,11 +1,12 @@
-"""``minder_rank_lateness_seconds``: the job's latest ranks, bounded like the machine scores,
-gone with the job."""
+"""``minder_rank_lateness_seconds``: the job's latest ranks, bounded like the machine scores
+(here with ``machine_series_per_job=0``: the top-k only; every rank up to the bound is
+test_machine_score_export.py's), gone with the job."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService, ServiceLimits
 from minder.service.telemetry import ServiceMetrics
@@ -29,7 +30,7 @@ def test_the_late_rank_is_exported_first_for_the_top_k_only_and_forgotten_with_t
         default_factory(),
         metrics=ServiceMetrics(CollectorRegistry()),
         clock=lambda: NOW,
-        limits=ServiceLimits(top_k_scores=5),
+        limits=ServiceLimits(top_k_scores=5, machine_series_per_job=0),
     )
     s.persist_every_s = 1
     nodes = [f"n{i:02d}" for i in range(16)]

@@ -8,7 +8,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from detectors.window import WindowLimits
 from minder.core.alert import AlertKind
 from minder.core.records import Event, EventKind, NodeBatch

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from collectors.sim import Scenario, iter_batches
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.codec import WireFormat
 from minder.service.engine import DetectionService
 from minder.service.telemetry import ServiceMetrics

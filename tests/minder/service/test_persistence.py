@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService
 from minder.service.persistence import JobCapture, JobSnapshot, MachineSnapshot, StateWriter

@@ -273,18 +273,18 @@ def test_serve_source_prometheus_without_a_url_is_one_line(monkeypatch: pytest.M
 def test_the_default_source_is_prometheus_only_when_kafka_is_not_configured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from minder.cli.serve import SourceChoice, resolve_source
     from minder.config import Settings
+    from minder.service.source import resolve_source
 
     for name in list(os.environ):
         if name.startswith("MINDER_"):
             monkeypatch.delenv(name)
-    assert resolve_source(Settings.load(), None) is SourceChoice.kafka
+    assert resolve_source(Settings.load(), None) == "kafka"
     monkeypatch.setenv("MINDER_PROMETHEUS__URL", "http://prometheus:9090")
-    assert resolve_source(Settings.load(), None) is SourceChoice.prometheus
+    assert resolve_source(Settings.load(), None) == "prometheus"
     monkeypatch.setenv("MINDER_KAFKA__BOOTSTRAP", "broker:9092")
-    assert resolve_source(Settings.load(), None) is SourceChoice.kafka
-    assert resolve_source(Settings.load(), SourceChoice.both) is SourceChoice.both
+    assert resolve_source(Settings.load(), None) == "kafka"
+    assert resolve_source(Settings.load(), "both") == "both"
 
 
 @pytest.mark.kafka

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.service.engine import DetectionService, JobSnapshot, MachineSnapshot
@@ -176,7 +177,7 @@ def test_a_resolved_machine_may_be_alerted_again(tmp_path: Path) -> None:
     assert service._deliver(_alert(AlertKind.SIMILARITY, "gpu_power_watts", first_ts=300)) is None
     with store.sessions.begin() as session:
         change_alert_status(session, stored.id, AlertStatus.RESOLVED, DESTINATIONS)
-    service.jobs["j"] = object()  # type: ignore[assignment]  # a live job, for the refresh
+    service.jobs["j"] = SimpleNamespace(ended=False)  # type: ignore[assignment]  # a live job
     service._open_alerts_at = -1e18
     service._export_open_alerts()
     del service.jobs["j"]

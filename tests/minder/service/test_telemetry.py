@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.sim import Scenario, iter_batches
-from detectors.base import default_factory
-from minder.api.whatif_runner import WhatIfMetrics
+from detectors.methods import default_factory
 from minder.service.engine import DetectionService
 from minder.service.sinks import SqlStateStore
 from minder.service.telemetry import ServiceMetrics
+from minder.service.whatif_runner import WhatIfMetrics
 from minder.storage import create_engine_for, session_factory
 from minder.storage.migrate import upgrade_database
 

@@ -12,6 +12,7 @@ import pytest
 from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.core.errors import NotFoundError, ValidationError
 from minder.storage import (
+    JobReport,
     JobStatus,
     MachineInfo,
     ScoreRow,
@@ -21,9 +22,11 @@ from minder.storage import (
     list_jobs,
     list_machines,
     record_alert,
+    report_job_states,
     save_scores,
     set_alert_status,
     set_job_status,
+    sweep_jobs,
     upsert_job_machines,
 )
 from minder.storage.jobs import set_top_scores, upsert_scores
@@ -287,16 +290,98 @@ def test_job_status_and_filter(sessions: SessionFactory) -> None:
     with sessions.begin() as session:
         upsert_job_machines(session, "a", [], 1.0)
         upsert_job_machines(session, "b", [], 2.0)
-        assert set_job_status(session, "a", "finished").status is JobStatus.FINISHED
+        ended = set_job_status(session, "a", "ended", "done by hand")
+        assert (ended.status, ended.status_reason) == (JobStatus.ENDED, "done by hand")
     with sessions() as session:
-        assert [j.id for j in list_jobs(session, status=JobStatus.FINISHED)] == ["a"]
+        assert [j.id for j in list_jobs(session, status=JobStatus.ENDED)] == ["a"]
         assert [j.id for j in list_jobs(session, status="active")] == ["b"]
         with pytest.raises(ValidationError, match="unknown job status 'gone'"):
             list_jobs(session, status="gone")
     with sessions.begin() as session:
-        upsert_job_machines(session, "a", [], 3.0)  # reporting again makes it active
+        upsert_job_machines(session, "a", [], 3.0)  # a write of data says nothing of the status
     with sessions() as session:
-        assert get_job(session, "a").status is JobStatus.ACTIVE
+        assert get_job(session, "a").status is JobStatus.ENDED
+
+
+def test_reports_of_the_worker_set_the_status_and_the_machines_in_the_job(
+    sessions: SessionFactory,
+) -> None:
+    with sessions.begin() as session:
+        report_job_states(session, [JobReport("j", JobStatus.ACTIVE, 3, 100.0)], now=1_000.0)
+    with sessions() as session:
+        job = get_job(session, "j")  # registered by its first report
+    assert (job.status, job.active_machines, job.status_since, job.last_seen_ts) == (
+        JobStatus.ACTIVE, 3, 1_000.0, 100.0,
+    )  # fmt: skip
+    with sessions.begin() as session:
+        # the periodic word changes nothing: not even updated_at
+        report_job_states(session, [JobReport("j", JobStatus.ACTIVE, 3, 105.0)], now=1_010.0)
+        assert get_job(session, "j").updated_at == 1_000.0
+        report_job_states(session, [JobReport("j", JobStatus.ACTIVE, 2, 106.0)], now=1_020.0)
+        job = get_job(session, "j")
+        assert (job.active_machines, job.status_since, job.updated_at) == (2, 1_000.0, 1_020.0)
+        # a worker with older data of the job (it lost the job's partition) is not heard
+        report_job_states(session, [JobReport("j", JobStatus.IDLE, 0, 50.0, "stale")], 1_030.0)
+        assert get_job(session, "j").status is JobStatus.ACTIVE
+        report_job_states(session, [JobReport("j", JobStatus.IDLE, 0, 106.0, "no data")], 1_040.0)
+        job = get_job(session, "j")
+        assert (job.status, job.active_machines, job.status_since, job.status_reason) == (
+            JobStatus.IDLE, 0, 1_040.0, "no data",
+        )  # fmt: skip
+        report_job_states(session, [JobReport("j", JobStatus.ENDED, 0, 106.0, "bye")], 1_050.0)
+        # idle applies to an active job only: an ended job stays ended
+        report_job_states(session, [JobReport("j", JobStatus.IDLE, 0, 106.0, "late")], 1_060.0)
+        job = get_job(session, "j")
+        assert (job.status, job.status_since, job.status_reason) == (
+            JobStatus.ENDED,
+            1_050.0,
+            "bye",
+        )
+        # data again: active again, since then
+        report_job_states(session, [JobReport("j", JobStatus.ACTIVE, 1, 200.0)], now=1_070.0)
+        job = get_job(session, "j")
+        assert (job.status, job.status_since, job.status_reason, job.active_machines) == (
+            JobStatus.ACTIVE, 1_070.0, "", 1,
+        )  # fmt: skip
+        # a job that ended before it was first written is registered as ended
+        report_job_states(session, [JobReport("brief", JobStatus.ENDED, 0, 7.0, "bye")], 1_075.0)
+        brief = get_job(session, "brief")
+        assert (brief.status, brief.status_reason, brief.last_seen_ts) == (
+            JobStatus.ENDED,
+            "bye",
+            7.0,
+        )
+        with pytest.raises(ValidationError, match="active_machines -1: expected a count >= 0"):
+            report_job_states(session, [JobReport("j", JobStatus.ACTIVE, -1, 200.0)], 1_080.0)
+        with pytest.raises(ValidationError, match="unknown job status 'gone'"):
+            report_job_states(session, [JobReport("j", "gone", 0, 200.0)], 1_080.0)  # type: ignore[arg-type]
+
+
+def test_the_sweep_idles_jobs_no_worker_reports_and_ends_those_idle_past_the_retention(
+    sessions: SessionFactory,
+) -> None:
+    with sessions.begin() as session:
+        report_job_states(
+            session,
+            [
+                JobReport("old", JobStatus.ACTIVE, 4, 10.0),
+                JobReport("held", JobStatus.ACTIVE, 2, 10.0),
+            ],
+            now=1_000.0,
+        )
+        report_job_states(session, [JobReport("held", JobStatus.ACTIVE, 2, 11.0)], now=1_050.0)
+        assert sweep_jobs(session, 1_070.0, stale_after_s=60, retention_s=600) == (["old"], [])
+        old = get_job(session, "old")
+        assert (old.status, old.active_machines, old.status_since) == (JobStatus.IDLE, 0, 1_070.0)
+        assert "no word for 60 s" in old.status_reason
+        assert get_job(session, "held").status is JobStatus.ACTIVE
+        assert sweep_jobs(session, 1_600.0, stale_after_s=60, retention_s=600) == (["held"], [])
+        assert sweep_jobs(session, 1_671.0, stale_after_s=60, retention_s=600) == ([], ["old"])
+        old = get_job(session, "old")
+        assert (old.status, old.status_since) == (JobStatus.ENDED, 1_671.0)
+        assert old.status_reason == "idle for the retention of 600 s"
+        with pytest.raises(ValidationError, match="retention_s=-1: expected"):
+            sweep_jobs(session, 1_700.0, stale_after_s=60, retention_s=-1)
 
 
 def test_unknown_job_is_not_found_by_name(sessions: SessionFactory) -> None:
@@ -305,7 +390,7 @@ def test_unknown_job_is_not_found_by_name(sessions: SessionFactory) -> None:
             with pytest.raises(NotFoundError, match="no job 'ghost'"):
                 call(session, "ghost")
         with pytest.raises(NotFoundError, match="no job 'ghost'"):
-            set_job_status(session, "ghost", "finished")
+            set_job_status(session, "ghost", "ended")
 
 
 @pytest.mark.slow

@@ -7,12 +7,11 @@ import threading
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, delete, func, inspect, select
+from sqlalchemy import Engine, delete, func, inspect, select, text
 
 from minder.core.alert import Alert, AlertKind
 from minder.core.hang import Culprit, CulpritReason, HangAnalysis
 from minder.storage import (
-    MachineInfo,
     current_revisions,
     database_status,
     get_hang_analysis,
@@ -27,8 +26,8 @@ from minder.storage import (
     save_layout,
     schema_is_current,
     session_factory,
+    sweep_jobs,
     upgrade_database,
-    upsert_job_machines,
 )
 from minder.storage.migrate import alembic_config
 from minder.storage.models import Base
@@ -48,11 +47,34 @@ TABLES = {
     "job_findings",
     "job_hangs",
 }
-HEAD = frozenset({"0006"})
+HEAD = frozenset({"0007"})
 NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
 NEW_IN_0004 = {"wire_layouts"}
 NEW_IN_0005 = {"job_findings"}
 NEW_IN_0006 = {"job_hangs"}
+
+
+def _job_before_0007(
+    engine: Engine, job: str, ts: float, status: str = "active", machines: int = 1
+) -> None:
+    """A job with ``machines`` machines as a schema before 0007 stores it (no lifecycle
+    columns), updated at wall time ``ts``."""
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO jobs (id, first_seen_ts, last_seen_ts, machine_count, status, "
+                "updated_at) VALUES (:job, :ts, :ts, :n, :status, :ts)"
+            ),
+            {"job": job, "ts": ts, "n": machines, "status": status},
+        )
+        for i in range(machines):
+            connection.execute(
+                text(
+                    'INSERT INTO machines (job, name, "group", domain) '
+                    "VALUES (:job, :name, '', '')"
+                ),
+                {"job": job, "name": f"n{i + 1}"},
+            )
 
 
 def test_upgrade_creates_schema_and_second_upgrade_is_a_no_op(empty_engine: Engine) -> None:
@@ -222,8 +244,7 @@ def test_job_findings_migration_upgrades_from_0004_keeping_jobs_and_downgrades(
     upgrade_database(empty_engine, "0004")
     assert "job_findings" not in inspect(empty_engine).get_table_names()
     sessions = session_factory(empty_engine)
-    with sessions.begin() as session:
-        upsert_job_machines(session, "j", [MachineInfo("n1")], 10.0)
+    _job_before_0007(empty_engine, "j", 10.0)
     upgrade_database(empty_engine)
     assert current_revisions(empty_engine) == HEAD
     finding = {"finding": "too_few_machines", "metric": None, "machines": 1, "since_ts": 10.0}
@@ -256,8 +277,7 @@ def test_job_hangs_migration_upgrades_from_0005_keeping_jobs_and_downgrades(
     upgrade_database(empty_engine, "0005")
     assert "job_hangs" not in inspect(empty_engine).get_table_names()
     sessions = session_factory(empty_engine)
-    with sessions.begin() as session:
-        upsert_job_machines(session, "j", [MachineInfo("n1")], 10.0)
+    _job_before_0007(empty_engine, "j", 10.0)
     upgrade_database(empty_engine)
     assert current_revisions(empty_engine) == HEAD
     analysis = HangAnalysis(
@@ -281,3 +301,36 @@ def test_job_hangs_migration_upgrades_from_0005_keeping_jobs_and_downgrades(
         command.downgrade(config, "0005")
     tables = set(inspect(empty_engine).get_table_names())
     assert "job_hangs" not in tables and "job_findings" in tables
+
+
+def test_job_lifecycle_migration_keeps_jobs_and_makes_finished_ones_ended(
+    empty_engine: Engine,
+) -> None:
+    """A database of 0006 gains the lifecycle columns: an active job stays active (its machines
+    in it, its status since its last update, until the service ages it), a finished one is
+    ended; a downgrade makes idle and ended jobs finished again."""
+    upgrade_database(empty_engine, "0006")
+    _job_before_0007(empty_engine, "running", 10.0, machines=2)
+    _job_before_0007(empty_engine, "done", 20.0, status="finished")
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    with empty_engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    sessions = session_factory(empty_engine)
+    with sessions() as session:
+        running, done = get_job(session, "running"), get_job(session, "done")
+    assert (running.status, running.active_machines, running.status_since) == ("active", 2, 10.0)
+    assert (done.status, done.active_machines, done.status_since) == ("ended", 0, 20.0)
+    assert done.status_reason == "finished"
+    with sessions.begin() as session:
+        # no word from a worker since the job's last update: idle (a restart of the service)
+        assert sweep_jobs(session, 100.0, stale_after_s=60, retention_s=3600) == (["running"], [])
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0006")
+    with empty_engine.connect() as connection:
+        assert "active_machines" not in {c["name"] for c in inspect(connection).get_columns("jobs")}
+        rows = connection.execute(text("SELECT id, status FROM jobs ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [("done", "finished"), ("running", "finished")]

@@ -486,8 +486,8 @@ def test_serve_options_reach_the_settings_the_service_is_built_from(
     import typer
     from typer.testing import CliRunner
 
-    import minder.cli.serve as serve_module
     import minder.logging_setup
+    import minder.service.source as source_module
     from minder.cli import app
 
     seen: list[Settings] = []
@@ -496,8 +496,8 @@ def test_serve_options_reach_the_settings_the_service_is_built_from(
         seen.append(settings)  # what build_stack would get
         raise typer.Exit(0)
 
-    monkeypatch.setattr(minder.logging_setup, "configure_logging", lambda level: None)
-    monkeypatch.setattr(serve_module, "resolve_source", stop_here)
+    monkeypatch.setattr(minder.logging_setup, "configure_logging", lambda *_, **__: None)
+    monkeypatch.setattr(source_module, "resolve_source", stop_here)
     password_file = tmp_path / "password"
     password_file.write_text(SECRET + "\n")
     monkeypatch.setenv("MINDER_KAFKA__SASL_USERNAME", "from-env")

@@ -14,7 +14,7 @@ from kafka.errors import KafkaTimeoutError
 from prometheus_client import CollectorRegistry
 
 import minder.stream.consumer as consumer_module
-from detectors.base import default_factory
+from detectors.methods import default_factory
 from minder.core.codec import encode_batch
 from minder.core.records import NodeBatch
 from minder.service.engine import DetectionService

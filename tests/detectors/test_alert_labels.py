@@ -1,11 +1,11 @@
 """Training labels from reviewed alerts: which alerts give rows (the export itself runs in
-test_cli_operator.py against a real API)."""
+tests/minder/cli/test_cli_operator.py against a real API)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from minder.cli.labels import LabelEnd, label_rows
+from detectors.alert_labels import LabelEnd, label_rows
 
 
 def _alert(kind: str, metric: str) -> Any:

@@ -1,4 +1,4 @@
-"""A small typed client of Minder's HTTP API (``/api/v1``) for the operator commands.
+"""A small typed client of Minder's HTTP API (``/api/v1``), used by the operator commands.
 
 The response types mirror :mod:`minder.api.schemas` as :class:`~typing.TypedDict` (plain JSON
 data: it prints as is with ``--format json``), so the CLI never imports FastAPI or pydantic's
@@ -6,9 +6,8 @@ models. Every failure is an :class:`ApiError` with a one-line message: the API c
 refused the token, has no such entity, forbids a status change, or answered something that is not
 Minder's JSON. The client never puts the token in a message.
 
-The module also holds what the operator command modules share: their connection options
-(``--api``, ``--token``, ``--timeout``, ``--format``), :func:`connect`, which turns an
-:class:`ApiError` into the CLI's one-line error, and :func:`parse_time`.
+What the operator commands share (their connection options, turning an :class:`ApiError` into
+the CLI's one-line error) is in :mod:`minder.cli.api_options`.
 
 httpx is imported when a client is made, not with this module, so ``minder alerts --help`` stays
 fast.
@@ -16,18 +15,9 @@ fast.
 
 from __future__ import annotations
 
-import json
-import re
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Generic, NoReturn, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypedDict, TypeVar
 from urllib.parse import quote, urlsplit
-
-import typer
-
-from minder.cli.common import OutputFormat, fail
 
 if TYPE_CHECKING:
     import httpx
@@ -497,87 +487,3 @@ def _segment(value: str, what: str) -> str:
     if value in ("", ".", "..") or "/" in value:
         raise ApiNotFoundError(f"no {what} with id {value!r}", 404)
     return quote(value, safe="")
-
-
-# -- what the operator commands share ---------------------------------------------------------
-
-ApiUrlOption = Annotated[
-    str,
-    typer.Option(
-        "--api",
-        envvar=API_URL_ENV,
-        help="URL of Minder's API",
-        rich_help_panel="Connection",
-    ),
-]
-TokenOption = Annotated[
-    str | None,
-    typer.Option(
-        "--token",
-        envvar=[API_TOKEN_ENV, SERVER_TOKEN_ENV],
-        help="bearer token (the server's MINDER_API__TOKEN): changes need it, and reads when "
-        "the server protects them",
-        show_default=False,
-        rich_help_panel="Connection",
-    ),
-]
-TimeoutOption = Annotated[
-    float,
-    typer.Option(
-        "--timeout", min=0.1, help="seconds to wait for the API", rich_help_panel="Connection"
-    ),
-]
-FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table or json")]
-
-
-@contextmanager
-def connect(url: str, token: str | None, timeout: float) -> Iterator[MinderApi]:
-    """A client of the API at ``url``; an :class:`ApiError` inside exits 2 with its one line."""
-    try:
-        with MinderApi(url, token=token, timeout=timeout) as api:
-            yield api
-    except ApiError as exc:
-        raise fail(exc) from None
-
-
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_time(value: str, option: str, *, now: float | None = None) -> float:
-    """Unix seconds from ``1717000000``, an ISO 8601 time (UTC unless it says) or ``2h`` (ago).
-
-    Raises the CLI's one-line exit when ``value`` is none of those.
-    """
-    text = value.strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    match = _AGO.match(text.lower())
-    if match:
-        reference = time.time() if now is None else now
-        return reference - float(match.group(1)) * _UNIT_S[match.group(2)]
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise fail(
-            f"{option} {one_line(value, 60)!r}: expected unix seconds, an ISO 8601 time "
-            "(2024-05-01T12:00:00Z) or a duration ago (30m, 2h, 7d)"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def when(ts: float | None) -> str:
-    """``YYYY-MM-DD HH:MM:SS`` (UTC) of a unix time, ``-`` for none."""
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def short_json(value: Any, limit: int = 120) -> str:
-    """``value`` as compact JSON (strings as they are) on one line, cut to ``limit``."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str, sort_keys=True)
-    return one_line(text, limit)

@@ -24,7 +24,7 @@ import pytest
 from collectors.agent import Agent
 from collectors.base import Collected, ProblemLog
 from collectors.fr_watch import FrWatcher
-from minder.agent_runner import AgentRunner, frame, unframe
+from minder.agent.runner import AgentRunner, frame, unframe
 from minder.core.codec import WireFormat, decode_batch
 from minder.core.errors import DecodeError, ValidationError
 from minder.core.records import EventKind, NodeBatch
@@ -286,7 +286,7 @@ def test_sender_survives_a_full_disk_when_acknowledging(
         original(self)
 
     monkeypatch.setattr(Spool, "_write_head", write_head_once_full)
-    with caplog.at_level(logging.WARNING, logger="minder.agent_runner"):
+    with caplog.at_level(logging.WARNING, logger="minder.agent.runner"):
         runner.start()
         _wait_for(lambda: bool(failed), "the disk-full error")
         at_error = runner.stats.collections
@@ -321,7 +321,7 @@ def test_spool_read_errors_are_counted_logged_once_and_retried(
         return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Spool, "peek_many", flaky_peek)
-    with caplog.at_level(logging.WARNING, logger="minder.agent_runner"):
+    with caplog.at_level(logging.WARNING, logger="minder.agent.runner"):
         runner.start()
         _wait_for(lambda: runner.stats.batches_sent >= 10, "deliveries after the read errors")
         runner.stop()
@@ -341,7 +341,7 @@ def test_a_corrupt_record_at_the_head_is_dropped_not_retried_forever(
     # Left by a damaged disk or another program: the key is not UTF-8, the second is too short.
     runner.spool.append(b"\x02\x00\xff\xfe{}")
     runner.spool.append(b"\x07")
-    with caplog.at_level(logging.WARNING, logger="minder.agent_runner"):
+    with caplog.at_level(logging.WARNING, logger="minder.agent.runner"):
         runner.start()
         _wait_for(lambda: runner.stats.batches_sent >= 10, "deliveries behind the corrupt records")
         runner.stop()
@@ -809,7 +809,7 @@ def test_a_batch_lost_before_the_spool_does_not_take_its_layout_with_it(tmp_path
 
 # -- flight-recorder summaries ------------------------------------------------------------------
 
-FR_DUMPS = Path(__file__).resolve().parents[1] / "collectors" / "fixtures" / "flight_recorder"
+FR_DUMPS = Path(__file__).resolve().parents[2] / "collectors" / "fixtures" / "flight_recorder"
 FR_PREFIX = "nccl_trace_rank_"
 
 

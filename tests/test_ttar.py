@@ -6,12 +6,12 @@ import stat
 from pathlib import Path
 
 import pytest
+from ttar import unpack_ttar
 
-from collectors.ttar import unpack_ttar
 from minder.core.errors import ValidationError
 
 SHARED = (
-    Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
+    Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "sysfs-infiniband-fixtures"
 )
 
 

@@ -1,9 +1,10 @@
-"""Runs submitted what-if analyses off the request threads and stores their reports.
+"""Runs submitted what-if analyses in the background and stores their reports.
 
-A small thread pool owned by the app: an analysis is mostly numpy work (the ST trace takes about
-0.1 s, the SE trace 0.2 s), and while one runs the request threads' latency stays within the
-interpreter's 5 ms switch interval (measured: a 1 ms sleep took 4.5 ms at p99 during the SE
-analysis), so a process pool's start-up, pickling and crash handling would buy nothing yet.
+A small thread pool, owned by the API's app (``minder.api.app``) and off its request threads: an
+analysis is mostly numpy work (the ST trace takes about 0.1 s, the SE trace 0.2 s), and while one
+runs the request threads' latency stays within the interpreter's 5 ms switch interval (measured:
+a 1 ms sleep took 4.5 ms at p99 during the SE analysis), so a process pool's start-up, pickling
+and crash handling would buy nothing yet.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from weakref import WeakKeyDictionary
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from minder.api.whatif_inputs import relative_to_roots
 from minder.core.errors import MinderError, ValidationError
+from minder.service.whatif_inputs import relative_to_roots
 from minder.storage import (
     SessionFactory,
     WhatIfStatus,
