@@ -51,6 +51,7 @@ from detectors.scoring import (
     peer_comparisons,
     score_layout,
 )
+from detectors.standing import StandingOffsets
 from detectors.window import JobWindow
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ModelError
@@ -171,6 +172,7 @@ class MinderDetector:
         self._too_few: tuple[int, int] | None = None
         self.coherence = self._coherence(self.cadence)
         self.halts = self._halt_watch(self.cadence)
+        self.standing = self._standing(self.cadence)
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
 
@@ -195,6 +197,15 @@ class MinderDetector:
                 Severity(self.config.threshold, cadence.continuity + lag),
                 Severity(severe_z, cadence.severe_continuity + lag),
             ]
+        )
+
+    def _standing(self, cadence: Cadence) -> StandingOffsets:
+        """Offsets measured over the mild continuity run, so that a machine apart from its first
+        evaluation is never confirmed before its offset is known; apart is half the threshold
+        (a machine that sits near the threshold from its start would cross it on noise)."""
+        lag = LAG_SAMPLES if cadence.interval_s > 1 else 0
+        return StandingOffsets(
+            self.config.threshold / 2, self.config.severe_level[0], cadence.continuity + lag
         )
 
     def _coherence(self, cadence: Cadence) -> PeerCoherence:
@@ -235,6 +246,7 @@ class MinderDetector:
             self.continuity = self._tracker(self.cadence)
             self.coherence = self._coherence(self.cadence)
             self.halts = self._halt_watch(self.cadence)
+            self.standing.rebase(self._standing(self.cadence).birth_ticks)
             self._last_tick = self._last_scored = None
 
     def _metric_window(self, metric: str) -> int:
@@ -362,6 +374,8 @@ class MinderDetector:
                 means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
         score = median_scores if self.scorer == "median" else pairwise_scores
         results: list[tuple[ScoreBucket, BlockScores]] = []
+        raw_tops: list[np.ndarray] = []
+        self.standing.born(self._scored, tick)
         offset = 0
         for bucket in layout.buckets:
             k, width = bucket.columns.shape
@@ -384,6 +398,10 @@ class MinderDetector:
             else:
                 result = score(block, comparisons, cfg.rel_floor, bucket.floors)
             result.z[~self._scored] = np.nan
+            # Coherence counts who was apart as measured; standing offsets only excuse.
+            raw_tops.append(_top(result.z)[0])
+            for j, metric in enumerate(bucket.metrics):
+                self.standing.apply(metric, result.z[:, j, :], self._scored, tick)
             results.append((bucket, result))
         idle, busy = gpu_activity(results, n)
         findings += self._halt_culprits(window, now, results, idle, busy)
@@ -393,8 +411,10 @@ class MinderDetector:
         # (a serving fleet) keeps the excuse.
         last = self.halts.last_working
         worked = last is not None and tick - last <= self.coherence.horizon_ticks
-        for bucket, result in results:
-            findings += self._confirm(window, now, bucket, result, scores, None if worked else idle)
+        for (bucket, result), raw_top in zip(results, raw_tops, strict=True):
+            findings += self._confirm(
+                window, now, bucket, result, raw_top, scores, None if worked else idle
+            )
         self.last_scores = scores
         return findings
 
@@ -488,6 +508,7 @@ class MinderDetector:
         now: int,
         bucket: ScoreBucket,
         result: BlockScores,
+        raw_top: np.ndarray,
         scores: dict[str, tuple[np.ndarray, np.ndarray]],
         idle: np.ndarray | None,
     ) -> list[Finding]:
@@ -499,7 +520,6 @@ class MinderDetector:
         """
         cfg = self.config
         metrics, columns = bucket.metrics, bucket.columns
-        raw_top, _ = _top(result.z)
         result.z[above_idle_peers(result, bucket, idle)] = 0.0
         top, device_idx = _top(result.z)
         tick = window.tick_of(now)
@@ -529,6 +549,12 @@ class MinderDetector:
                 col = int(columns[j, device_idx[m, j]])
                 device = window.series[col][1]
                 signed = float(result.z[m, j, device_idx[m, j]])
+                held = self.standing.offsets(metric)
+                standing = (
+                    float(held[m, device_idx[m, j]])
+                    if held is not None and m < held.shape[0] and device_idx[m, j] < held.shape[1]
+                    else 0.0
+                )
                 findings.append(
                     Finding(
                         machine=int(m),
@@ -548,6 +574,7 @@ class MinderDetector:
                             "peer_median": float(result.medians[m, j]),
                             "scale": float(result.scales[m, j]),
                             "threshold": cfg.threshold * factor,
+                            "standing_offset": round(standing, 3),
                         },
                     )
                 )
@@ -663,6 +690,8 @@ class MinderDetector:
                 "severe_continuity_s": (self.cadence.severe_continuity + lag) * window.tick_s,
                 "peer_median": detail["peer_median"],
                 "scale": detail["scale"],
+                # z is beyond this: where the machine stood apart from its first evaluations
+                "standing_offset": detail.get("standing_offset", 0.0),
                 "priority_rank": self.priority.rank(finding.metric) if self.prioritise else None,
                 "other_metrics": sorted(
                     metric
