@@ -44,10 +44,14 @@ MACHINE_SERIES_PER_JOB = 4_096
 job (``MINDER_DETECTION__MACHINE_SERIES_PER_JOB``)."""
 
 SLOWDOWN_WARN, SLOWDOWN_BAD = 1.05, 1.10
+SLOWDOWN_STEPS = ((None, "green"), (SLOWDOWN_WARN, "orange"), (SLOWDOWN_BAD, "red"))
+"""The live-S panels' colours: the persistent straggler rule's excess, then the what-if's."""
 """Live S: 5 % is the persistent straggler rule's excess; from 1.10 the what-if verdict names a
 cause (9 % of the job's GPU time lost)."""
 
 JOB = 'job_id="$job_id"'
+LIVE_S = f"max(minder_job_live_slowdown{{{JOB}}})"
+"""The job's live slowdown S, in the Stragglers row's stat and over time."""
 MACHINE = 'job_id="$job_id", machine="$machine"'
 PEERS = 'job_id="$job_id", machine!="$machine"'
 
@@ -213,16 +217,12 @@ def build() -> dashboard.Dashboard:
                 "Orange from 1.05 (the persistent straggler rule's excess), red from 1.10 (the "
                 "what-if verdict names a cause: 9 % of the job's GPU time lost). No data: the "
                 "job reports no step times (train_step_seconds, train_busy_seconds).",
-                queries((f"max(minder_job_live_slowdown{{{JOB}}})", "S")),
+                queries((LIVE_S, "S")),
                 unit="none",
                 span=4,
                 height=8,
                 decimals=3,
-                threshold_steps=(
-                    (None, "green"),
-                    (SLOWDOWN_WARN, "orange"),
-                    (SLOWDOWN_BAD, "red"),
-                ),
+                threshold_steps=SLOWDOWN_STEPS,
             )
         )
         .with_panel(
@@ -231,16 +231,12 @@ def build() -> dashboard.Dashboard:
                 "The job's live S over time (dashed: 1.05 and 1.10). A step up that stays is a "
                 "straggler slowing the whole job: the lateness heatmap below names its ranks. "
                 "Everyone slower together (a checkpoint, an evaluation phase) leaves S at 1.",
-                queries((f"max(minder_job_live_slowdown{{{JOB}}})", "S")),
+                queries((LIVE_S, "S")),
                 unit="none",
                 span=10,
                 min_val=1,
                 decimals=3,
-                threshold_steps=(
-                    (None, "green"),
-                    (SLOWDOWN_WARN, "orange"),
-                    (SLOWDOWN_BAD, "red"),
-                ),
+                threshold_steps=SLOWDOWN_STEPS,
             )
         )
         .with_panel(
