@@ -200,12 +200,10 @@ class MinderDetector:
         )
 
     def _standing(self, cadence: Cadence) -> StandingOffsets:
-        """Offsets measured over the mild continuity run, so that a machine apart from its first
-        evaluation is never confirmed before its offset is known; apart is half the threshold
-        (a machine that sits near the threshold from its start would cross it on noise)."""
-        lag = LAG_SAMPLES if cadence.interval_s > 1 else 0
+        """Offsets, apart at half the threshold (a machine that sits near the threshold from its
+        start would cross it on noise)."""
         return StandingOffsets(
-            self.config.threshold / 2, self.config.severe_level[0], cadence.continuity + lag
+            self.config.threshold / 2, self.config.severe_level[0], _birth_ticks(cadence)
         )
 
     def _coherence(self, cadence: Cadence) -> PeerCoherence:
@@ -246,7 +244,7 @@ class MinderDetector:
             self.continuity = self._tracker(self.cadence)
             self.coherence = self._coherence(self.cadence)
             self.halts = self._halt_watch(self.cadence)
-            self.standing.rebase(self._standing(self.cadence).birth_ticks)
+            self.standing.rebase(_birth_ticks(self.cadence))
             self._last_tick = self._last_scored = None
 
     def _metric_window(self, metric: str) -> int:
@@ -549,12 +547,6 @@ class MinderDetector:
                 col = int(columns[j, device_idx[m, j]])
                 device = window.series[col][1]
                 signed = float(result.z[m, j, device_idx[m, j]])
-                held = self.standing.offsets(metric)
-                standing = (
-                    float(held[m, device_idx[m, j]])
-                    if held is not None and m < held.shape[0] and device_idx[m, j] < held.shape[1]
-                    else 0.0
-                )
                 findings.append(
                     Finding(
                         machine=int(m),
@@ -574,7 +566,9 @@ class MinderDetector:
                             "peer_median": float(result.medians[m, j]),
                             "scale": float(result.scales[m, j]),
                             "threshold": cfg.threshold * factor,
-                            "standing_offset": round(standing, 3),
+                            "standing_offset": round(
+                                self.standing.offset(metric, m, int(device_idx[m, j])), 3
+                            ),
                         },
                     )
                 )
@@ -729,6 +723,12 @@ class MinderDetector:
             domain=domain,
             evidence=evidence,
         )
+
+
+def _birth_ticks(cadence: Cadence) -> int:
+    """A machine's first run: the mild continuity run, so that a machine apart from its first
+    evaluation is never confirmed before its standing offset is known."""
+    return cadence.continuity + (LAG_SAMPLES if cadence.interval_s > 1 else 0)
 
 
 def _top(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

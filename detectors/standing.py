@@ -84,6 +84,13 @@ class StandingOffsets:
         self.birth_ticks = birth_ticks
         self._first[self._first != _NEVER] = _DONE
 
+    def offset(self, metric: str, machine: int, device: int) -> float:
+        """One machine's and device's standing offset on ``metric`` (0 where none)."""
+        held = self.offsets(metric)
+        if held is None or machine >= held.shape[0] or device >= held.shape[1]:
+            return 0.0
+        return float(held[machine, device])
+
     def offsets(self, metric: str) -> np.ndarray | None:
         """The standing offsets of ``metric`` (``(machines, devices)``, 0 where none), if any."""
         parts = self._parts.get(metric)
