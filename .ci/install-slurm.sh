@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs Slurm (slurmctld, slurmd, scontrol) and MUNGE for tests/minder/actions: the tests start
+# Installs Slurm (slurmctld, slurmd, scontrol, and the job clients sbatch, srun, squeue, scancel
+# of slurm-client, which slurm-wlm depends on) and MUNGE for tests/minder/actions: the tests start
 # their own one-host cluster from a temporary slurm.conf (tests/minder/actions/slurm_cluster.py)
 # and skip, saying so, when these binaries are missing. No service is started or enabled here:
 # policy-rc.d refuses service starts for the duration of the install, and the tests never read
@@ -12,7 +13,7 @@ set -euo pipefail
 
 have_all() {
     local bin
-    for bin in slurmctld slurmd scontrol munged mungekey; do
+    for bin in slurmctld slurmd scontrol sbatch srun squeue scancel munged mungekey; do
         command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || return 1
     done
 }

@@ -19,6 +19,8 @@ UID = "minder-service"
 TITLE = "Minder / Service health"
 
 PER_SECOND = "$__rate_interval"
+RANGE = "$__range"
+"""The dashboard's time range, for counts over it."""
 
 
 def _rate(metric: str, by: str = "") -> str:
@@ -33,8 +35,8 @@ def build() -> dashboard.Dashboard:
             UID,
             TITLE,
             "The Minder detection service: scrape health, Kafka consumption and lag, decode "
-            "failures and dead letters, detection time, outbox deliveries and scheduler "
-            "actions.",
+            "failures and dead letters, detection time, outbox deliveries, scheduler "
+            "actions and the self-checks of drained nodes.",
         )
         .with_variable(
             textbox_variable(
@@ -322,4 +324,73 @@ def build() -> dashboard.Dashboard:
                 threshold_steps=((None, "green"), (1, "red")),
             )
         )
+        .with_row(row("Self-checks"))
+        .with_panel(
+            stat_panel(
+                "Self-checks in progress",
+                "Self-checks of drained nodes launched on the scheduler and waiting for their "
+                "verdict, per target (minder_selfchecks_in_progress: a Slurm job pinned to the "
+                "node under a MAINT reservation, or a Kubernetes Job with nodeName). A count that "
+                "stays up longer than the check timeout means checks hang or their reports do "
+                "not reach the API. No data when self-checks are not configured.",
+                queries(("max by (target) (minder_selfchecks_in_progress)", "{{target}}")),
+                unit="none",
+                span=6,
+                height=6,
+                decimals=0,
+                text_mode=common_m.BigValueTextMode.VALUE_AND_NAME,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Self-check outcomes over the range",
+                "Self-checks that ended within the dashboard's time range, by state "
+                "(minder_selfchecks_total): passed (the node was returned to scheduling and its "
+                "alert cleared_by_selfcheck), failed (the node stays out, the alert is "
+                "confirmed), inconclusive (a check crashed or none could run) and timed_out (no "
+                "report in time): both keep the node out and notify; cancelled (by a person). "
+                "Many inconclusive or timed-out checks point at the check itself, not the "
+                "nodes.",
+                queries(
+                    (
+                        f"sum by (state) (increase(minder_selfchecks_total[{RANGE}]))",
+                        "{{state}}",
+                    )
+                ),
+                unit="none",
+                span=10,
+                height=6,
+                graph=False,
+                decimals=0,
+                text_mode=common_m.BigValueTextMode.VALUE_AND_NAME,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Drain to return",
+                "Time from Minder draining a node to the node back in service after a passed "
+                "self-check, median and 90th percentile over the checks that passed within the "
+                "dashboard's time range (minder_selfcheck_drain_to_return_seconds). It is what a "
+                "wrongly drained node costs: the wait for its job to leave, a free slot, the "
+                "check itself and the service's reaction. No value when no node came back in "
+                "the range.",
+                queries(
+                    (_drain_to_return(0.5), "median"),
+                    (_drain_to_return(0.9), "p90"),
+                ),
+                unit="s",
+                span=8,
+                height=6,
+                graph=False,
+                text_mode=common_m.BigValueTextMode.VALUE_AND_NAME,
+            )
+        )
+    )
+
+
+def _drain_to_return(quantile: float) -> str:
+    """A quantile of the drain-to-return time over the checks that passed in the range."""
+    return (
+        f"histogram_quantile({quantile:g}, sum by (le) "
+        f"(increase(minder_selfcheck_drain_to_return_seconds_bucket[{RANGE}])))"
     )

@@ -1,6 +1,13 @@
-"""Training labels from operators' verdicts on alerts: what ``minder labels export`` writes.
+"""Training labels from the verdicts on alerts: what ``minder labels export`` writes.
 
-A *resolved* alert is a confirmed fault; a *false-positive* one marks a healthy machine.
+Two kinds of verdict count, a person's and a self-check's (docs/selfcheck-service.md):
+
+* a confirmed fault: an alert an operator *resolved*, or one a self-check of its drained node
+  *confirmed* (status ``confirmed``: a check failed, the node stays out);
+* a healthy machine: an alert an operator marked a *false positive*, or one a self-check
+  *cleared* (status ``cleared_by_selfcheck``: every check passed, the node was returned).
+
+So the self-checks label the detector's alerts without a person, and teach it too.
 
 ``minder train --labels`` (``detectors.training``) takes every row of its labels file as a fault
 of ``machine`` in ``job`` from ``start_ts`` to ``end_ts``: there is no value of ``fault`` it treats
@@ -12,8 +19,12 @@ opposite of the operator's verdict. :func:`export_labels` therefore writes:
   end_ts, fault`` and, after them, columns training ignores (``device, domain, alert_id, kind,
   metric, score, status, detected_ts, resolved_at``);
 * the false positives beside it (by default :func:`sidecar_path`: ``<name>.false_positives
-  <ext>``), in the same columns with ``status`` ``false_positive``: not training input today
-  (their time stays normal data), kept for evaluation and for a trainer that learns from them.
+  <ext>``), in the same columns with ``status`` ``false_positive`` or ``cleared_by_selfcheck``:
+  not training input today (their time stays normal data), kept for evaluation and for a
+  trainer that learns from them.
+
+``status`` says whose verdict a row is: ``resolved`` and ``false_positive`` a person's,
+``confirmed`` and ``cleared_by_selfcheck`` a self-check's.
 
 ``fault`` names the fault as ``minder simulate --labels`` does where the alert says it
 (:data:`RULE_FAULTS`, silence → ``machine_unreachable``, hang → ``hang``), else
@@ -61,6 +72,16 @@ LONG_LABEL_S = 86_400.0
 
 RESOLVED = "resolved"
 FALSE_POSITIVE = "false_positive"
+CONFIRMED = "confirmed"
+"""A self-check of the alert's drained node failed: a confirmed fault."""
+CLEARED_BY_SELFCHECK = "cleared_by_selfcheck"
+"""A self-check of the alert's drained node passed and the node was returned: a false positive."""
+FAULT_STATUSES = (RESOLVED, CONFIRMED)
+"""Alert statuses whose alerts are confirmed faults (label rows)."""
+FALSE_POSITIVE_STATUSES = (FALSE_POSITIVE, CLEARED_BY_SELFCHECK)
+"""Alert statuses whose alerts mark healthy machines (the false positives' file)."""
+REVIEWED_STATUSES = FAULT_STATUSES + FALSE_POSITIVE_STATUSES
+"""The statuses ``minder labels export`` fetches."""
 
 RULE_FAULTS: dict[str, str] = {
     "gpu_xid_count": "gpu_xid",
@@ -80,7 +101,8 @@ class LabelEnd(StrEnum):
     """Where a confirmed fault's label ends."""
 
     resolved = "resolved"
-    """When the operator resolved the alert (its ``updated_at``, wall time)."""
+    """When the verdict was given: the operator resolved the alert, or a self-check confirmed
+    it (its ``updated_at``, wall time)."""
     last_seen = "last-seen"
     """The latest report of the fault (``last_seen_ts``, data time)."""
 
@@ -175,12 +197,15 @@ class LabelExport:
     rows, false_positive_rows
         Rows written to each.
     confirmed_faults, false_positives
-        Resolved and false-positive alerts.
+        Alerts that are confirmed faults (resolved, or confirmed by a self-check) and false
+        positives (marked so, or cleared by a self-check).
     faults
         The ``fault`` names of the label rows.
     resolved_long_after
         Confirmed faults resolved more than :data:`LONG_LABEL_S` after their last report (their
         label spans that long when it ends when they were resolved).
+    confirmed_by_selfcheck, cleared_by_selfcheck
+        Of ``confirmed_faults`` and ``false_positives``: the alerts a self-check decided.
     """
 
     labels: Path
@@ -191,6 +216,8 @@ class LabelExport:
     false_positive_rows: int
     faults: tuple[str, ...]
     resolved_long_after: int
+    confirmed_by_selfcheck: int = 0
+    cleared_by_selfcheck: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The JSON summary of ``minder labels export``."""
@@ -201,6 +228,8 @@ class LabelExport:
             "confirmed_faults": self.confirmed_faults,
             "false_positives": self.false_positives,
             "false_positive_rows": self.false_positive_rows,
+            "confirmed_by_selfcheck": self.confirmed_by_selfcheck,
+            "cleared_by_selfcheck": self.cleared_by_selfcheck,
             "faults": list(self.faults),
         }
 
@@ -231,8 +260,9 @@ def export_labels(
     false_positives: Path | None = None,
     end: LabelEnd = LabelEnd.resolved,
 ) -> LabelExport:
-    """Write the labels of the reviewed ``alerts`` (resolved and false-positive ones; others
-    are left out) to ``output`` and their false positives beside it.
+    """Write the labels of the reviewed ``alerts`` (:data:`FAULT_STATUSES` as faults,
+    :data:`FALSE_POSITIVE_STATUSES` as false positives; others are left out) to ``output`` and
+    their false positives beside it.
 
     Raises
     ------
@@ -243,8 +273,8 @@ def export_labels(
     """
     fp_path, fmt, fp_fmt = check_destinations(output, false_positives)
     reviewed = list(alerts)
-    faults = [a for a in reviewed if a["status"] == RESOLVED]
-    wrong = [a for a in reviewed if a["status"] == FALSE_POSITIVE]
+    faults = [a for a in reviewed if a["status"] in FAULT_STATUSES]
+    wrong = [a for a in reviewed if a["status"] in FALSE_POSITIVE_STATUSES]
     fault_rows = [row for a in faults for row in label_rows(a, end)]
     fp_rows = [row for a in wrong for row in label_rows(a, LabelEnd.last_seen)]
     try:
@@ -266,4 +296,6 @@ def export_labels(
         false_positive_rows=len(fp_rows),
         faults=tuple(sorted({row["fault"] for row in fault_rows})),
         resolved_long_after=len(long_after) if end is LabelEnd.resolved else 0,
+        confirmed_by_selfcheck=sum(a["status"] == CONFIRMED for a in faults),
+        cleared_by_selfcheck=sum(a["status"] == CLEARED_BY_SELFCHECK for a in wrong),
     )

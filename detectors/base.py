@@ -53,6 +53,14 @@ class CompositeDetector:
             out.extend(part.evaluate(window, now))
         return out
 
+    def finish(self, window: JobWindow, now: int) -> list[Alert]:
+        """The job's data ended at second ``now``: every part's alerts of its end
+        (:func:`finish_of`)."""
+        out: list[Alert] = []
+        for part in self.parts:
+            out.extend(finish_of(part, window, now))
+        return out
+
     def machine_scores(self) -> dict[str, tuple[list[float], list[int]]]:
         out: dict[str, tuple[list[float], list[int]]] = {}
         for part in self.parts:
@@ -91,6 +99,13 @@ class CompositeDetector:
             if late_ranks is not None:
                 return list(late_ranks(k))
         return []
+
+
+def finish_of(detector: object, window: JobWindow, now: int) -> list[Alert]:
+    """The alerts ``detector`` raises when its job's data ends at second ``now``, the last one
+    it evaluated (its ``finish``; a detector without one raises none)."""
+    finish = getattr(detector, "finish", None)
+    return list(finish(window, now)) if finish is not None else []
 
 
 def job_findings_of(detectors: Sequence[object]) -> list[dict[str, Any]]:

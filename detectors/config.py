@@ -77,6 +77,30 @@ scale falls to when the peers' distribution is degenerate (a median absolute dev
 every peer idle at 0 %, or quantised to one value), so a tiny scale never makes any non-zero
 value an outlier. Metrics not listed take their unit's floor (:data:`UNIT_FLOORS`)."""
 
+CONGESTION_COUNTERS: frozenset[str] = frozenset(
+    {
+        "pfc_tx_pause_per_second",
+        "pfc_rx_pause_per_second",
+        "rdma_cnp_sent_per_second",
+        "rdma_cnp_handled_per_second",
+        "rdma_xmit_wait_per_second",
+    }
+)
+"""Counters of congestion events on a NIC's port (pause frames, congestion notifications, time
+waiting to send)."""
+
+METRIC_REL_FLOORS: dict[str, float] = dict.fromkeys(CONGESTION_COUNTERS, 0.25)
+"""The smallest scale of a metric as a fraction of its peers' median, where it is larger than
+:attr:`DetectorConfig.rel_floor` (docs/detection-method.md §10). Congestion counters differ
+between healthy ports of one job by a factor, not by a margin: how often a port pauses or is
+notified depends on where it sits in the fabric (its switch, its rail, the incast its traffic
+meets), and that standing difference wanders over minutes. A fault there is a surge, orders of
+magnitude (a PCIe link that fell back and cannot drain the NIC's buffers pauses the switch
+thousands of times a second). With a scale of at least a quarter of the peers' level, a port
+must pause about 2.5 times as often as its peers (at the default threshold of 6) before it is
+an outlier; twice as often is a healthy port in a busier spot."""
+
+
 IDLE_AT_ZERO: frozenset[str] = frozenset(
     {
         "gpu_util_ratio",
@@ -114,6 +138,29 @@ RISES_WITH_LOAD: frozenset[str] = IDLE_AT_ZERO | frozenset(
 )
 """Metrics that rise with a GPU's load. When a machine's peers' GPUs idle, reading above them
 on these is being busy, not faulty. Congestion and error counters are not here."""
+
+
+FAULT_BELOW_ONLY: frozenset[str] = (IDLE_AT_ZERO - {"cpu_util_ratio"}) | frozenset(
+    {"gpu_power_watts", "gpu_sm_clock_hertz", "nccl_busbw_bytes_per_second"}
+)
+"""Metrics of the work a machine does (utilisation, throughput, clocks, power): a fault makes a
+machine do *less* than its peers (a dead process, a throttled GPU, a degraded link), never more,
+so only a deviation below the peers is judged (docs/detection-method.md §12). A machine above
+its peers on these (its samples fall in a busier phase of the step, a background task, a burst
+of traffic) does not slow a synchronous job; if it did, its step times would say so, and the
+straggler detector judges those. Not here: host CPU use (a soft-lockup or an interrupt storm of a
+failing device raises it), temperature (a GPU running hot is a cooling fault), congestion and
+error counters (a surge there is the fault). A machine still busy after its peers halted is
+judged separately, on its raw scores (a hung kernel, :mod:`detectors.halts`)."""
+
+
+ABOVE_WITH_WORK_BELOW: frozenset[str] = frozenset({"cpu_util_ratio"})
+"""Metrics on which a machine *above* its peers is a fault only while it also does less work
+than they do (below them on a :data:`FAULT_BELOW_ONLY` metric at the same evaluation): host CPU
+use. An interrupt storm or a soft lockup of a failing device takes the host from the job, and
+its GPUs or NICs fall behind; a cron job, a log rotation or a heavier data loader raises the CPU
+of a host whose work keeps pace, and draining it would not help the job
+(docs/detection-method.md §12). Below the peers it is judged as before."""
 
 
 def metric_floor(metric: str, unit: str) -> float:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detectors.coherence import CoherenceState, PeerCoherence
-from detectors.config import Cadence, DetectorConfig
+from detectors.config import ABOVE_WITH_WORK_BELOW, Cadence, DetectorConfig
 from detectors.continuity import ContinuityTracker, Severity
 from detectors.denoisers import Denoiser, denoiser_class
 from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
@@ -70,6 +70,16 @@ WORKED_S = 120
 WORKED_SAMPLES = 4
 """A job works once most of its GPUs worked this long in a row (4 samples at coarse sampling):
 then its own recent past is a busy reference, and peers' idle GPUs excuse nothing."""
+END_LEAD_S = 5
+END_LEAD_SAMPLES = 3
+"""When a job's data ends (or it goes idle), a machine apart from its peers at least this long up
+to the end (3 samples at coarse sampling), with a confirmation's evidence, is named without the
+continuity the end cut short (:meth:`MinderDetector._apart_at_end`)."""
+END_SHORTEST_FAULT_SAMPLES = 8
+"""A fail-stop fault shows for about this many samples before its job ends. Where continuity
+confirms a shorter run (at 10 s and coarser: 6 evaluations), such a fault is confirmed before
+the end, which adds nothing and is not read: there a run shorter still is a burst as often as a
+fault."""
 HALT_CONFIRM_S = 30
 """A job idle this long (3 samples at coarse sampling) halted; a shorter lull (a data-loading
 phase of a step, a short checkpoint) names nobody."""
@@ -173,6 +183,14 @@ class MinderDetector:
         self.coherence = self._coherence(self.cadence)
         self.halts = self._halt_watch(self.cadence)
         self.standing = self._standing(self.cadence)
+        self._halt_pending: list[Finding] = []
+        """Chosen as the job went idle, named once it stayed idle (:meth:`_apart_at_halt`)."""
+        self._last_blocks: dict[str, tuple[ScoreBucket, BlockScores, int, int]] = {}
+        """Per metric, where its last scores are (bucket, result, index in the bucket) and the
+        run the mildest level needs to confirm."""
+        self._run_sides: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        """Per metric, each machine's side of its peers (+1 above, -1 below) and the device
+        behind its top score at its latest evaluation above the threshold."""
         self.last_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """Per metric: (top |z| per machine, index of the device behind it) at the last second."""
 
@@ -196,7 +214,8 @@ class MinderDetector:
             [
                 Severity(self.config.threshold, cadence.continuity + lag),
                 Severity(severe_z, cadence.severe_continuity + lag),
-            ]
+            ],
+            memory=cadence.window + 2,  # the halt watch's: a run may end that long before a halt
         )
 
     def _standing(self, cadence: Cadence) -> StandingOffsets:
@@ -270,7 +289,8 @@ class MinderDetector:
         now = window.tick_end(due)
         cfg = self.config
         quiet = job_quiet(window, now)
-        if quiet and not self._quiet:
+        stopped = quiet and not self._quiet
+        if stopped:
             window.note("quiet", float(now), "most of the job's machines stopped reporting")
         self._quiet = quiet
         in_job = int(window.active().sum())
@@ -301,14 +321,115 @@ class MinderDetector:
         fired += episodes.settle(window, now)
         busy = episodes.machines_in(_RULE_FAMILIES)
         scored = self._choose(self._score(window, now)) if with_peers else []
-        for finding in scored:
-            new = episodes.touch((finding.machine, finding.family), now)
-            if new and finding.machine not in busy:
-                # One fault, one alert: a machine a rule already named is not named again.
-                self._add_evidence(window, now, finding)
-                fired.append(finding)
+        if stopped and with_peers:
+            # Most machines stopped reporting: the job ended. Who stood apart up to its end? (A
+            # machine scored already keeps that finding: its episode takes the first.)
+            scored += self._apart_at_end(window, window.tick_of(now))
+        fired += self._fire(window, now, scored, busy)
         episodes.expire(now)
         return [self._to_alert(window, f, now) for f in merge_devices(fired)]
+
+    def finish(self, window: JobWindow, now: int) -> list[Alert]:
+        """The job's data ended at second ``now``, the last one evaluated (the end of an offline
+        table; a job whose machines all stopped reporting): alerts for the machines that stood
+        apart from their peers up to the end (:meth:`_apart_at_end`), and for those chosen as
+        the job went idle if it ended before it stayed idle long enough to name them."""
+        last = self._last_scored
+        if last is None or window.tick_of(now) - last > 1:
+            return []  # nothing scored at the end (too few machines left): no evidence of it
+        found = self._apart_at_end(window, last)
+        if self._halt_pending and self.halts.idle_for > 0:
+            chosen = {f.machine for f in found}
+            found += [f for f in self._halt_pending if f.machine not in chosen]
+        self._halt_pending = []
+        fired = self._fire(window, now, found, self.episodes.machines_in(_RULE_FAMILIES))
+        return [self._to_alert(window, f, now) for f in merge_devices(fired)]
+
+    def _fire(
+        self, window: JobWindow, now: int, findings: list[Finding], busy: set[int]
+    ) -> list[Finding]:
+        """The similarity findings that start an episode, with their evidence. One fault, one
+        alert: a machine a rule already named (in ``busy``) is not named again."""
+        fired = []
+        for finding in findings:
+            new = self.episodes.touch((finding.machine, finding.family), now)
+            if new and finding.machine not in busy:
+                self._add_evidence(window, now, finding)
+                fired.append(finding)
+        return fired
+
+    def _apart_at_end(
+        self, window: JobWindow, at: int, within: int = 0, how: str = "apart_at_end"
+    ) -> list[Finding]:
+        """Machines apart from their peers for :data:`END_LEAD_S` up to tick ``at`` (the last
+        one the continuity tracker took) with the evidence a confirmation needs, on a metric
+        still peer-comparable: what a job killed by its fault leaves (docs/detection-method.md
+        §10, "A job whose data ends").
+
+        A fail-stop fault often ends the job within seconds: the process dies, the other ranks'
+        collectives fail, the launcher tears the job down, and its data ends 8 or so samples
+        after the onset, before the run a similarity alert needs. A machine is then named when
+        its run's sum of |z| reaches what the mildest level's confirmation holds at least
+        (the threshold times its run length): a process at zero is 40 thresholds apart within
+        seconds, a throttled clock gathers it over a longer run. At most the coherence
+        allowance of machines is named; more apart at once is no one culprit.
+
+        ``within``: a run whose last evaluation above the threshold was at most this many
+        evaluations before ``at`` counts too (a job that went idle: the peers' means have
+        followed the machine by the time they read idle); ``how`` is the evidence key that
+        says which end it was.
+        """
+        if not self._last_blocks:
+            return []
+        # A job killed by its fault: its other ranks worked (or spun in the collective that
+        # waits) up to its end, for WORKED_S in a row. A fleet that never worked as one (a
+        # serving fleet, its busy machines rotating) has no such end to read.
+        if self.halts.last_working != at:
+            return []
+        n = window.n_machines
+        scored = self._scored[:n]
+        lead = max(math.ceil(END_LEAD_S / self.cadence.interval_s - 1e-9), END_LEAD_SAMPLES)
+        found: list[Finding] = []
+        for metric, (bucket, result, j, mild) in self._last_blocks.items():
+            # What a fault that ends its job leaves is a machine doing less than its peers (a
+            # dead process, a link down, a throttled clock): work metrics only. A surge (pause
+            # frames, CPU) at the end is a burst that continuity would have seen pass.
+            if not bucket.below_only[j] or mild < END_SHORTEST_FAULT_SAMPLES:
+                continue
+            if not self.coherence.comparable(metric):
+                continue
+            factor = self._threshold_factor(metric)
+            run, peak, total, ago = self.continuity.runs(metric, n, within)
+            enough = total >= self.config.threshold * factor * mild
+            side, device_idx = self._run_sides[metric]
+            for m in np.flatnonzero(scored & (run >= lead) & enough).tolist():
+                col = int(bucket.columns[j, device_idx[m]])
+                device = window.series[col][1]
+                end = at - int(ago[m])
+                found.append(
+                    Finding(
+                        machine=m,
+                        kind=AlertKind.SIMILARITY,
+                        family="similarity",
+                        metric=metric,
+                        score=float(peak[m]),
+                        first_sec=int((end - int(run[m]) + 1) * window.tick_s),
+                        devices=(device,) if device else (),
+                        evidence={
+                            "col": col,
+                            "z": round(float(side[m]) * float(peak[m]), 3),
+                            "peer_median": float(result.medians[m, j]),
+                            "scale": float(result.scales[m, j]),
+                            "threshold": self.config.threshold * factor,
+                            how: True,
+                            "lead_s": int(run[m]) * window.tick_s,
+                        },
+                    )
+                )
+        chosen = self._choose(found)
+        if len(chosen) > self.coherence.allowance(int(scored.sum())):
+            return []
+        return chosen
 
     # -- denoising --------------------------------------------------------------------------
     def denoiser_for(self, metric: str) -> MetricDenoiser:
@@ -357,8 +478,12 @@ class MinderDetector:
         if length > self.cadence.window:
             raw_values = self._hold_coarse(window, layout.all_cols, raw_values)
         values = _impute_missing(raw_values, comparisons)
-        # Scored: part of the job, and in it for a full window.
-        full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= self.cadence.window
+        # Scored: part of the job, and in it for a full window (and the lag sample before it:
+        # a sample from before the machine joined is imputed from its peers, and would let the
+        # lag tolerance read it as one of them).
+        full = (tick - (window.joined_sec[:n] // window.tick_s) + 1) >= (
+            self.cadence.window + int(lagged)
+        )
         self._scored = active & full
         own_means = None
         if lagged:
@@ -390,28 +515,37 @@ class MinderDetector:
                 ]
                 length = max(p.shape[-1] for p in parts)
                 block = np.stack([np.broadcast_to(p, (n, width, length)) for p in parts], axis=1)
+            rel_floor = np.maximum(cfg.rel_floor, bucket.rel_floors)
             if own_means is not None and self.scorer == "median":
                 own = own_means[:, cols].reshape(n, k, width, 1)
-                result = median_scores(block, comparisons, cfg.rel_floor, bucket.floors, own)
+                result = median_scores(block, comparisons, rel_floor, bucket.floors, own)
             else:
-                result = score(block, comparisons, cfg.rel_floor, bucket.floors)
+                result = score(block, comparisons, rel_floor, bucket.floors)
             result.z[~self._scored] = np.nan
             # Coherence counts who was apart as measured; standing offsets only excuse.
             raw_tops.append(_top(result.z)[0])
             for j, metric in enumerate(bucket.metrics):
-                self.standing.apply(metric, result.z[:, j, :], self._scored, tick)
+                self.standing.apply(
+                    metric,
+                    result.z[:, j, :],
+                    self._scored,
+                    tick,
+                    work=bool(bucket.below_only[j]),
+                )
             results.append((bucket, result))
         idle, busy = gpu_activity(results, n)
         findings += self._halt_culprits(window, now, results, idle, busy)
+        findings += self._apart_at_halt(window)
         # A job that was working within the coherence horizon has a busy reference, its own
         # recent past: a machine still busy after the others halted is a suspect there (a hung
         # kernel), so its peers' idle GPUs excuse nothing. A fleet that never worked as one
         # (a serving fleet) keeps the excuse.
+        self._uncorroborated_above(results, n)
         last = self.halts.last_working
         worked = last is not None and tick - last <= self.coherence.horizon_ticks
         for (bucket, result), raw_top in zip(results, raw_tops, strict=True):
             findings += self._confirm(
-                window, now, bucket, result, raw_top, scores, None if worked else idle
+                window, now, bucket, result, raw_top, scores, None if worked else idle, idle
             )
         self.last_scores = scores
         return findings
@@ -478,6 +612,44 @@ class MinderDetector:
             )
         return out
 
+    def _uncorroborated_above(self, results: list[tuple[ScoreBucket, BlockScores]], n: int) -> None:
+        """Zero the scores above the peers on :data:`detectors.config.ABOVE_WITH_WORK_BELOW`
+        metrics of the machines that are not below their peers on a work metric now."""
+        if not any(m in ABOVE_WITH_WORK_BELOW for b, _ in results for m in b.metrics):
+            return
+        behind = np.zeros(n, dtype=bool)
+        for bucket, result in results:
+            for j, metric in enumerate(bucket.metrics):
+                if bucket.below_only[j]:
+                    limit = -self.config.threshold * self._threshold_factor(metric)
+                    behind |= (np.nan_to_num(result.z[:, j, :], nan=0.0) <= limit).any(axis=1)
+        for bucket, result in results:
+            for j, metric in enumerate(bucket.metrics):
+                if metric in ABOVE_WITH_WORK_BELOW:
+                    z = result.z[:, j, :]
+                    result.z[:, j, :] = np.where((z > 0) & ~behind[:, None], 0.0, z)
+
+    def _apart_at_halt(self, window: JobWindow) -> list[Finding]:
+        """A job that went idle: the machines whose run up to the halt (or ending at most the
+        halt watch's memory before it) held a confirmation's evidence (:meth:`_apart_at_end`)
+        are chosen as it goes idle and named once it stayed idle, as the halt watch names the
+        machines that stopped first on GPU activity (a fault on any metric that halted the job
+        before continuity could confirm it: an NVLink at a tenth of its peers' traffic)."""
+        halts = self.halts
+        if halts.just_halted and self._last_scored is not None:
+            # The tracker has taken the evaluations before this one; the halt watch's memory
+            # counts from this one.
+            at = self._last_scored - 1
+            self._halt_pending = self._apart_at_end(
+                window, at, halts.memory - 1, "stopped_before_halt"
+            )
+        elif halts.idle_for == 0:
+            self._halt_pending = []
+        if self._halt_pending and halts.idle_for >= halts.confirm:
+            out, self._halt_pending = self._halt_pending, []
+            return out
+        return []
+
     def _hold_coarse(self, window: JobWindow, cols: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Mixed cadences: each coarse series' sample stands for its whole interval (held
         forward up to ``every - 1`` ticks), and each series keeps only its own window's ticks."""
@@ -509,16 +681,25 @@ class MinderDetector:
         raw_top: np.ndarray,
         scores: dict[str, tuple[np.ndarray, np.ndarray]],
         idle: np.ndarray | None,
+        peers_idle: np.ndarray,
     ) -> list[Finding]:
         """Advance continuity for a block's metrics; findings for the confirmed machines.
 
         Every outlier counts towards the metric's peer coherence; a machine above idle peers
-        (:func:`detectors.scoring.above_idle_peers`) is not alerted, and a metric that is not
-        peer-comparable in this job (:mod:`detectors.coherence`) raises no finding.
+        (:func:`detectors.scoring.above_idle_peers`) is not alerted, nor one above working
+        peers on a work metric (:data:`detectors.config.FAULT_BELOW_ONLY`), and a metric that is
+        not peer-comparable in this job (:mod:`detectors.coherence`) raises no finding.
         """
         cfg = self.config
         metrics, columns = bucket.metrics, bucket.columns
         result.z[above_idle_peers(result, bucket, idle)] = 0.0
+        if bucket.below_only.any():
+            # Doing more work than the peers is no fault on these metrics; above peers whose GPUs
+            # sit idle after the job worked it is (a hung kernel), and above idle peers of a job
+            # that never worked ``above_idle_peers`` has already excused it.
+            part = result.z[:, bucket.below_only, :]
+            above = (part > 0) & ~peers_idle[:, None, None]
+            result.z[:, bucket.below_only, :] = np.where(above, 0.0, part)
         top, device_idx = _top(result.z)
         tick = window.tick_of(now)
         findings = []
@@ -536,6 +717,9 @@ class MinderDetector:
                 own = cadence_for(cfg, every * self.cadence.interval_s)
                 lengths = (every * own.continuity, every * own.severe_continuity)
             confirmed = self.continuity.update(metric, top[:, j], factor, lengths)
+            mild = self.continuity.severities[0].seconds if lengths is None else lengths[0]
+            self._last_blocks[metric] = (bucket, result, j, mild)
+            self._note_sides(metric, result.z[:, j, :], top[:, j], device_idx[:, j], factor)
             if not self.coherence.comparable(metric):
                 continue
             for m, run, peak in zip(
@@ -573,6 +757,22 @@ class MinderDetector:
                     )
                 )
         return findings
+
+    def _note_sides(
+        self, metric: str, z: np.ndarray, top: np.ndarray, device: np.ndarray, factor: float
+    ) -> None:
+        """Keep, for the machines above the threshold on ``metric`` now, their side of the peers
+        and their top device: a finished run is reported as it was (:meth:`_apart_at_end`)."""
+        n = z.shape[0]
+        side, where = self._run_sides.get(metric, (np.ones(0), np.zeros(0, dtype=np.int64)))
+        if side.shape[0] < n:
+            side = np.concatenate([side, np.ones(n - side.shape[0])])
+            where = np.concatenate([where, np.zeros(n - where.shape[0], dtype=np.int64)])
+        now_apart = np.nan_to_num(top, nan=0.0) > self.config.threshold * factor
+        signed = np.take_along_axis(z, device[:, None], axis=1)[:, 0]
+        side[:n] = np.where(now_apart, np.where(signed < 0, -1.0, 1.0), side[:n])
+        where[:n] = np.where(now_apart, device, where[:n])
+        self._run_sides[metric] = (side, where)
 
     def _coherence_changed(self, window: JobWindow, state: CoherenceState) -> None:
         """Say once, in the log, that a metric stopped (or started again) being comparable."""
@@ -694,7 +894,7 @@ class MinderDetector:
                 ),
             }
         )
-        for key in ("stopped_before_halt", "lead_s"):
+        for key in ("stopped_before_halt", "apart_at_end", "lead_s"):
             if key in detail:
                 evidence[key] = detail[key]
         finding.evidence = evidence

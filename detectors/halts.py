@@ -85,6 +85,8 @@ class HaltWatch:
         self._best: list[tuple[str, int, float] | None] = []
         self._last: list[Culprit | None] = []
         self._working = False
+        self.just_halted = False
+        """The last :meth:`update` saw the job go from working to idle."""
 
     def _grow(self, n: int) -> None:
         if self._run.shape[0] < n:
@@ -138,6 +140,7 @@ class HaltWatch:
         # as while the first windows fill).
         working = in_job > 0 and int((busy[:n] & scored).sum()) * 2 > in_job
         halted = self._working and not working
+        self.just_halted = halted
         self._working = working
         self._idle_for = 0 if working else self._idle_for + 1
         self._working_for = self._working_for + 1 if working else 0
@@ -151,6 +154,11 @@ class HaltWatch:
             out, self._pending = self._pending, []
             return out
         return []
+
+    @property
+    def idle_for(self) -> int:
+        """Evaluations the job has been idle (0 while it works)."""
+        return self._idle_for
 
     def _ahead(self, n: int, tick: int, allowance: int) -> list[Culprit]:
         """The machines below their peers for ``lead`` evaluations as the job went idle."""

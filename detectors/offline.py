@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 from pyarrow import ipc
 
-from detectors.base import DetectorFactory, JobDetector
+from detectors.base import DetectorFactory, JobDetector, finish_of
 from detectors.methods import default_factory
 from detectors.window import JobWindow, MembershipChange
 from minder.core.alert import Alert
@@ -265,7 +265,12 @@ class _Replay:
     def finish(self, out_of_order: int, backwards: int) -> dict[str, int]:
         """Evaluate the last second; what the job covered (``DetectionRun.jobs``): counts, and
         the sampling interval in whole seconds, all integers."""
+        last = self.pending
         self._evaluate(None)
+        if last is not None:
+            # The table ends here: the job stopped reporting, and who stopped before it did is
+            # told by the order (MinderDetector.finish, docs/detection-method.md §10).
+            self.alerts.extend(finish_of(self.detector, self.window, last))
         self.pending = None
         return {
             "machines": int(self.window.n_machines),

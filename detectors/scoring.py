@@ -17,21 +17,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.config import IDLE_AT_ZERO, RISES_WITH_LOAD, metric_floor
+from detectors.config import (
+    FAULT_BELOW_ONLY,
+    IDLE_AT_ZERO,
+    METRIC_REL_FLOORS,
+    RISES_WITH_LOAD,
+    metric_floor,
+)
 from detectors.window import JobWindow
 from minder.core.metrics import MetricKind
 
-# Levels and bitmasks are handled by rules, not by distance to peers.
 NOT_SCORED: frozenset[str] = frozenset(
     {
+        # Levels and bitmasks are handled by rules, not by distance to peers.
         "gpu_pcie_link_gen",
         "gpu_pcie_link_width",
         "rdma_port_up",
         "gpu_throttle_reasons",
         # A rank paused on purpose (rank 0 writing a checkpoint) is no outlier.
         "train_paused_seconds",
+        # Per-step observations, held between steps: one slow step would read as a deviation
+        # lasting a whole step's worth of samples. The straggler detector judges them step by
+        # step (docs/detection-method.md §9).
+        "train_step_seconds",
+        "train_busy_seconds",
+        # What a host's processes allocated: software state that follows the job's processes,
+        # not the machine (a leak, a bigger cache), and no machine fault shows there first.
+        "memory_used_bytes",
     }
 )
+"""Metrics the peer comparison does not score (docs/detection-method.md §12). They stay in the
+window, on the dashboards and in the rules."""
 MAD_TO_SIGMA = 1.4826
 _PAIRWISE_CHUNK = 512
 
@@ -47,6 +63,12 @@ class ScoreBucket:
     """Per metric: an activity that reads 0 when idle (:data:`detectors.config.IDLE_AT_ZERO`)."""
     with_load: np.ndarray
     """Per metric: it rises with load (:data:`detectors.config.RISES_WITH_LOAD`)."""
+    below_only: np.ndarray
+    """Per metric: only a deviation below the peers is a fault
+    (:data:`detectors.config.FAULT_BELOW_ONLY`)."""
+    rel_floors: np.ndarray
+    """Per metric: its own relative scale floor, 0 where the detector's applies
+    (:data:`detectors.config.METRIC_REL_FLOORS`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +112,11 @@ def score_layout(window: JobWindow) -> ScoreLayout:
         )
         idle_at_zero = np.asarray([m in IDLE_AT_ZERO for m in metrics], dtype=bool)
         with_load = np.asarray([m in RISES_WITH_LOAD for m in metrics], dtype=bool)
-        buckets.append(ScoreBucket(metrics, columns, floors, idle_at_zero, with_load))
+        below_only = np.asarray([m in FAULT_BELOW_ONLY for m in metrics], dtype=bool)
+        rel_floors = np.asarray([METRIC_REL_FLOORS.get(m, 0.0) for m in metrics])
+        buckets.append(
+            ScoreBucket(metrics, columns, floors, idle_at_zero, with_load, below_only, rel_floors)
+        )
     all_cols = (
         np.concatenate([b.columns.ravel() for b in buckets])
         if buckets
@@ -144,7 +170,7 @@ def row_nanmedian(values: np.ndarray) -> np.ndarray:
 
 
 def _scale(
-    spread: np.ndarray, level: np.ndarray, rel_floor: float, floors: np.ndarray
+    spread: np.ndarray, level: np.ndarray, rel_floor: float | np.ndarray, floors: np.ndarray
 ) -> np.ndarray:
     return np.maximum(np.maximum(MAD_TO_SIGMA * spread, rel_floor * np.abs(level)), floors)
 
@@ -152,7 +178,7 @@ def _scale(
 def median_scores(
     block: np.ndarray,
     comparisons: list[tuple[np.ndarray, np.ndarray]],
-    rel_floor: float,
+    rel_floor: float | np.ndarray,
     floors: np.ndarray,
     own_block: np.ndarray | None = None,
 ) -> BlockScores:
@@ -216,7 +242,7 @@ def _distance(block: np.ndarray, center: np.ndarray) -> tuple[np.ndarray, np.nda
 def pairwise_scores(
     block: np.ndarray,
     comparisons: list[tuple[np.ndarray, np.ndarray]],
-    rel_floor: float,
+    rel_floor: float | np.ndarray,
     floors: np.ndarray,
 ) -> BlockScores:
     """The paper's reference: each machine-device's mean Euclidean distance to every peer's
@@ -355,7 +381,8 @@ def lag_tolerant_means(
     whole job moves between the step's phases, a machine whose clock or scrape is a moment
     ahead or behind reads its peers' previous or next sample: that is no fault. Each machine's
     deviation from its peers' per-instant median (per series, over its comparison's members)
-    is averaged over the window at the lag (-1, 0 or +1 sample) that fits it best, and the
+    is averaged over the window at the lag (-1, 0 or +1 sample) that fits it best (the smallest
+    mean absolute deviation; never further from its peers than at lag 0), and the
     window's level is added back, so the result is in units and, at lag 0 with every sample
     present, equals the window mean. A fault does not fit its peers at any lag: a machine at
     1/8 of its peers' traffic, or stuck in one phase while they alternate, stays apart.
@@ -373,16 +400,23 @@ def lag_tolerant_means(
             peers = values[:, members, :].transpose(0, 2, 1).reshape(t * c, -1)
             center = row_nanmedian(peers).reshape(t, 1, c)
             own = values[:, targets, :]
-            lags = np.stack(
-                [
-                    np.nanmean(own[1:] - center[1:], axis=0),  # in step with its peers
-                    np.nanmean(own[1:] - center[:-1], axis=0),  # a sample behind them
-                    np.nanmean(own[:-1] - center[1:], axis=0),  # a sample ahead of them
-                ]
+            gaps = (
+                own[1:] - center[1:],  # in step with its peers
+                own[1:] - center[:-1],  # a sample behind them
+                own[:-1] - center[1:],  # a sample ahead of them
             )
-            size = np.where(np.isfinite(lags), np.abs(lags), np.inf)
+            lags = np.stack([np.nanmean(gap, axis=0) for gap in gaps])
+            # The lag that fits is the one whose samples lie closest to the peers', not the one
+            # whose deviations cancel: as a job halts when a machine fails, the machine's last
+            # working sample read against its peers' first halted one would offset its
+            # deviation at the lag ahead, and hide the fault for a window.
+            fit = np.stack([np.nanmean(np.abs(gap), axis=0) for gap in gaps])
+            size = np.where(np.isfinite(fit), fit, np.inf)
             size[1:] *= 1.0 + 1e-9  # ties keep lag 0
             best = np.take_along_axis(lags, size.argmin(axis=0)[None], axis=0)[0]
+            # A lag may excuse, never accuse: no machine is judged further from its peers than
+            # in step with them (a noisy machine among peers that ramp could fit a lag best).
+            best = np.where(np.abs(best) > np.abs(lags[0]), lags[0], best)
             level = np.nanmean(center[1:, 0, :], axis=0)[None, :]
             out[targets] = level + best
             plain[targets] = level + lags[0]

@@ -19,7 +19,11 @@ machine that was with its peers when first scored has no offset and is judged as
 Two bounds keep a broken machine from hiding behind it:
 
 * a deviation of the severe level (a dead process, an idle GPU among busy ones) is never an
-  offset: a machine that starts the job broken is named as before;
+  offset: a machine that starts the job broken is named as before. On the metrics of the work a
+  machine does (utilisation, throughput, clocks, power) the side matters: a machine that does
+  *less* than its peers from the start keeps no offset from half the severe level on (under the
+  job's phase swings a dead GPU scores about there), and one that does *more* (its samples fall
+  in another phase of the step, it serves more) is not the broken one, at any level;
 * the offset is fixed once, at the end of the first run, and kept when the job's sampling
   interval changes: a machine that drifts further later is judged by the distance it moved.
 
@@ -94,16 +98,29 @@ class StandingOffsets:
     def offsets(self, metric: str) -> np.ndarray | None:
         """The standing offsets of ``metric`` (``(machines, devices)``, 0 where none), if any."""
         parts = self._parts.get(metric)
-        return None if parts is None else parts[3]
+        return None if parts is None else parts[4]
 
-    def apply(self, metric: str, z: np.ndarray, scored: np.ndarray, tick: int) -> None:
+    def apply(
+        self,
+        metric: str,
+        z: np.ndarray,
+        scored: np.ndarray,
+        tick: int,
+        *,
+        work: bool = False,
+    ) -> None:
         """Measure and subtract standing offsets of ``metric`` in place.
 
         ``z`` holds the signed scores ``(machines, devices)`` of this evaluation (NaN: not
-        scored), ``scored`` the machines in the job and scored.
+        scored), ``scored`` the machines in the job and scored. ``work``: the metric measures
+        the work a machine does (:data:`detectors.config.FAULT_BELOW_ONLY`: utilisation,
+        throughput, clocks, power), where doing less is the fault side. A machine *below* its
+        peers from its first evaluation keeps no offset from half the severe level on (a GPU
+        idle from the start scores about there when the job's phases swing every sample); one
+        *above* them keeps its offset whatever its level.
         """
         n, width = z.shape
-        total, nearest, sign, offset = self._state(metric, n, width)
+        total, nearest, farthest, sign, offset = self._state(metric, n, width)
         first = self._first[:n]
         age = np.where(first == _NEVER, -1, np.where(first == _DONE, self.birth_ticks + 1, 0))
         age = np.where(age == 0, tick - first + 1, age)
@@ -113,14 +130,25 @@ class StandingOffsets:
             # A score missing during the first run says nothing steady: the sum turns NaN.
             total[birth] += seen
             nearest[birth] = np.fmin(nearest[birth], np.where(np.isnan(seen), 0.0, np.abs(seen)))
+            farthest[birth] = np.fmax(farthest[birth], np.abs(seen))
             sign[birth] += np.sign(seen)
             ends = birth & (age == self.birth_ticks)
             if ends.any():
-                held = total[ends] / self.birth_ticks
+                mean = total[ends] / self.birth_ticks
+                # The offset is the farthest the machine stood in its first run: a machine apart
+                # by a steady ratio still scores more at one phase of the step than at another
+                # (its peers' spread is not the same at every phase), and only a move beyond the
+                # whole of its first-run range is a change.
+                held = np.sign(mean) * farthest[ends]
                 steady = (nearest[ends] >= self.threshold) & (
                     np.abs(sign[ends]) == self.birth_ticks
                 )
-                held[~steady | (np.abs(held) >= self.severe)] = 0.0
+                too_far = np.abs(mean) >= self.severe
+                if work:
+                    # Doing less is the fault side: broken at half the severe level (under the
+                    # job's phase swings a dead GPU scores about there); doing more, never.
+                    too_far = (mean < 0) & (np.abs(mean) >= self.severe / 2)
+                held[~steady | too_far] = 0.0
                 offset[ends] = held
         if not offset.any():
             return
@@ -133,16 +161,17 @@ class StandingOffsets:
 
     def _state(
         self, metric: str, n: int, width: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Sum, nearest |z| to zero and sum of signs over the first run, and the offsets."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Sum, nearest and farthest |z| from zero and sum of signs over the first run, and the
+        offsets."""
         parts = self._parts.get(metric)
         if parts is None or parts[0].shape != (n, width):
-            fills = (0.0, np.inf, 0.0, 0.0)
+            fills = (0.0, np.inf, 0.0, 0.0, 0.0)
             grown = tuple(np.full((n, width), fill) for fill in fills)
             if parts is not None:
                 rows, cols = min(n, parts[0].shape[0]), min(width, parts[0].shape[1])
                 for new, old in zip(grown, parts, strict=True):
                     new[:rows, :cols] = old[:rows, :cols]
             self._parts[metric] = grown
-        total, nearest, sign, offset = self._parts[metric]
-        return total, nearest, sign, offset
+        total, nearest, farthest, sign, offset = self._parts[metric]
+        return total, nearest, farthest, sign, offset

@@ -69,6 +69,23 @@ never read as settings (``MINDER_KAFKA`` would otherwise be parsed as the whole 
 section)."""
 OTHER_PREFIXES: tuple[str, ...] = ("MINDER_LABEL_",)
 """Families of such variables: ``MINDER_LABEL_<KEY>`` are the agent's placement labels."""
+SELFCHECK_NODE_PREFIX = "MINDER_SELFCHECK_"
+"""``minder selfcheck run``'s variables on a checked node, ``MINDER_SELFCHECK_<NAME>`` with one
+underscore (the rendezvous, the check's options such as ``MINDER_SELFCHECK_MATMUL_MIN_FRACTION``,
+``MINDER_SELFCHECK_BASELINE_<MODEL>``): not settings, never refused. The service's settings are
+``MINDER_SELFCHECK__<NAME>``, with two."""
+
+
+def is_other_variable(name: str) -> bool:
+    """Whether ``name`` is a ``MINDER_*`` variable Minder documents that is not a setting
+    (:data:`OTHER_VARIABLES`, :data:`OTHER_PREFIXES`, ``minder selfcheck run``'s)."""
+    upper = name.upper()
+    if upper in OTHER_VARIABLES or upper.startswith(OTHER_PREFIXES):
+        return True
+    return upper.startswith(SELFCHECK_NODE_PREFIX) and not upper.startswith(
+        SELFCHECK_NODE_PREFIX + "_"
+    )
+
 
 KUBERNETES_SERVICE_LINK = re.compile(
     r"^MINDER(_[A-Z0-9]+)*_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
@@ -701,6 +718,9 @@ class WebhookEndpoint(BaseModel):
             "alert.acknowledged",
             "alert.resolved",
             "alert.false_positive",
+            "alert.confirmed",
+            "alert.cleared_by_selfcheck",
+            "selfcheck.inconclusive",
             "breaker.tripped",
             "breaker.reset",
         ],
@@ -804,6 +824,106 @@ class ActionSettings(BaseModel):
         return value
 
 
+class SelfCheckSettings(BaseModel):
+    """Self-checks of the nodes Minder drained (docs/selfcheck.md): off until ``enabled``, and
+    acting only while the actions enforce (``MINDER_ACTIONS__ENFORCE``)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("rule", "similarity", "straggler", "silence", "hang")
+
+    enabled: bool = Field(
+        False, description="check the nodes Minder drained; needs a scheduler target"
+    )
+    kinds: list[str] | None = Field(
+        None, description="alert kinds whose drained node gets a check; none = the acting kinds "
+        "(MINDER_ACTIONS__ACT_ON)",
+    )  # fmt: skip
+    max_concurrent: int = Field(4, ge=1, le=1000, description="checks running at once")
+    timeout_s: float = Field(600.0, gt=0, description="a launched check's wall time")
+    retries: int = Field(
+        1, ge=0, le=10, description="inconclusive or timed-out checks of an alert retried"
+    )
+    max_failures_per_node: int = Field(
+        2,
+        ge=1,
+        description="a node whose checks failed this often gets no automatic check again: it "
+        "stays out until a person acts",
+    )
+    partners: int = Field(
+        3, ge=0, le=64, description="healthy idle nodes of the collective check (0: none)"
+    )
+    report_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="the API's base URL as the nodes reach it (http://minder:8080); required "
+        "when enabled",
+    )
+    command: list[str] = Field(
+        default_factory=lambda: ["minder", "selfcheck", "run"],
+        description="argv prefix run on the nodes (JSON list); --report-url and --check-id are "
+        "appended",
+    )
+    check_user: str | None = Field(
+        None, description="Slurm: the user check jobs run as (none: the service's user)"
+    )
+    image: str = Field("minder:latest", description="Kubernetes: the check Job's image")
+    namespace: str = Field("minder", description="Kubernetes: where check Jobs are created")
+    master_port: int = Field(
+        29590, ge=1, le=65535, description="TCP port of the collective check's rendezvous"
+    )
+    partition: str | None = Field(
+        None, description="Slurm: partition of check jobs and partners (none: the node's own)"
+    )
+    sbatch_args: list[str] = Field(
+        default_factory=lambda: ["--exclusive"],
+        description="Slurm: extra sbatch options of check jobs (JSON list), e.g. "
+        '["--exclusive", "--gres=gpu:8"] where cgroups confine devices to the allocated ones',
+    )
+    ready_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="a check waits this long for its node (its job still running) before it "
+        "is inconclusive",
+    )
+    report_grace_s: float = Field(
+        15.0, gt=0, description="a check's report may arrive this long after its job ended"
+    )
+    interval_s: float = Field(
+        2.0, gt=0, le=60, description="the service's pass interval (also woken by events)"
+    )
+
+    @field_validator("kinds")
+    @classmethod
+    def _check_kinds(cls, value: list[str] | None) -> list[str] | None:
+        for kind in value or ():
+            if kind not in cls.KINDS:
+                raise ValueError(f"unknown kind {kind[:40]!r}: expected {', '.join(cls.KINDS)}")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, value: list[str]) -> list[str]:
+        if not value or not all(part.strip() for part in value):
+            raise ValueError(
+                "expected a non-empty JSON list of non-empty strings, e.g. "
+                '["minder", "selfcheck", "run"]'
+            )
+        return value
+
+    @field_validator("check_user", "partition", "report_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Enabled checks need the URL the nodes report to."""
+        if self.enabled and self.report_url is None:
+            raise ValueError(
+                "self-checks are enabled (MINDER_SELFCHECK__ENABLED=true) without "
+                "MINDER_SELFCHECK__REPORT_URL: expected the API's base URL as the nodes reach "
+                "it, e.g. http://minder:8080"
+            )
+
+
 class AuthSettings(BaseModel):
     """Signed node batches (docs/security.md): who may speak for a node."""
 
@@ -858,12 +978,8 @@ class _EnvSource(EnvSettingsSource):
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         super().__init__(settings_cls)
-        others = {name.lower() for name in OTHER_VARIABLES}
-        prefixes = tuple(prefix.lower() for prefix in OTHER_PREFIXES)
         self.env_vars = {
-            name: value
-            for name, value in self.env_vars.items()
-            if name.lower() not in others and not name.lower().startswith(prefixes)
+            name: value for name, value in self.env_vars.items() if not is_other_variable(name)
         }
 
 
@@ -883,6 +999,7 @@ class Settings(BaseSettings):
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     actions: ActionSettings = Field(default_factory=ActionSettings)
+    selfcheck: SelfCheckSettings = Field(default_factory=SelfCheckSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     whatif: WhatIfSettings = Field(default_factory=WhatIfSettings)
     log: LogSettings = Field(default_factory=LogSettings)
@@ -975,7 +1092,7 @@ def unknown_variables(environ: Mapping[str, str]) -> str | None:
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in known:
             continue
-        if upper.startswith(OTHER_PREFIXES) or upper.startswith(dicts):
+        if is_other_variable(upper) or upper.startswith(dicts):
             continue
         if KUBERNETES_SERVICE_LINK.match(upper):
             continue

@@ -74,6 +74,12 @@ SERVICE_METRICS = {
     # scheduler actions, when configured (minder.actions.executor.ActionMetrics)
     "minder_actions_total",
     "minder_actions_breaker_tripped",
+    # self-checks, when enabled (minder.service.selfcheck.SelfCheckMetrics)
+    "minder_selfchecks_in_progress",
+    "minder_selfchecks_total",
+    "minder_selfcheck_drain_to_return_seconds_bucket",
+    "minder_selfcheck_drain_to_return_seconds_sum",
+    "minder_selfcheck_drain_to_return_seconds_count",
 }
 AGENT_METRICS = {
     "minder_agent_info",

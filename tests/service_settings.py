@@ -4,12 +4,15 @@ broker, so tests of one session do not read each other's data."""
 from __future__ import annotations
 
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
+from collectors.sim.output import iter_batches
+from collectors.sim.scenario import Scenario
 from minder.config import Settings
 from minder.core.signing import FleetSigner, init_cluster_keys, load_cluster_keys
-from minder.stream import free_port
+from minder.stream import BatchProducer, free_port
 
 
 def isolated_settings(bootstrap: str, database_url: str, *, partitions: int = 2) -> Settings:
@@ -39,3 +42,15 @@ def fleet_signer(settings: Settings) -> FleetSigner:
     """Signs each node's batches as its agent would, for a service of ``settings``."""
     assert settings.auth.keys_file is not None, "settings without a cluster key file"
     return FleetSigner(load_cluster_keys(settings.auth.keys_file)[-1])
+
+
+def send_scenario(settings: Settings, scenario: Scenario) -> None:
+    """Every batch of ``scenario``, dated so that it ends now and signed as the agents sign
+    them, into the metrics topic of a service of ``settings``."""
+    start = time.time() - scenario.duration_s
+    bootstrap, topic = settings.kafka.bootstrap, settings.kafka.metrics_topic
+    with BatchProducer(bootstrap, topic=topic, signer=fleet_signer(settings)) as producer:
+        for _, batches in iter_batches(scenario, start_ts=start):
+            for batch in batches:
+                producer.send(batch)
+        producer.flush()

@@ -1,9 +1,12 @@
 """Carries out the action rows of the outbox: policy, opt-out, the scheduler's check, circuit
 breaker, audit, actuator.
 
-An ``alert.opened`` row asks to take the alert's machine out of scheduling; ``alert.resolved``
-and ``alert.false_positive`` rows ask to give it back. Every decision — acted, unchanged, dry
-run, failed, or skipped with the reason — is one row of the audit trail.
+An ``alert.opened`` row asks to take the alert's machine out of scheduling; ``alert.resolved``,
+``alert.false_positive`` and ``alert.cleared_by_selfcheck`` rows ask to give it back (after a
+passed self-check the launcher has returned the node already, so that undo finds no mark of
+Minder's and is audited ``unchanged``; it matters only where a launcher left part of the mark).
+Every decision — acted, unchanged, dry run, failed, or skipped with the reason — is one row of
+the audit trail.
 
 Before an apply, the scheduler is asked whether the alert's node runs the alert's job
 (:class:`~minder.actions.base.SchedulerView`): an agent's report is not proof of where a job
@@ -15,11 +18,13 @@ Minder does not act blind. The check runs in dry run too, so what a dry run audi
 enforcing would do.
 
 The circuit breaker (at most ``max_per_job`` machines of one job and ``max_fraction`` of the
-watched fleet within ``window_s``) counts only applies that passed the check, and trips instead of
-acting past its bound; then nothing is applied until an operator resets it (``POST
-/api/v1/breaker/reset``, ``minder breaker reset``), its trip is an event of its own for the
-notification destinations, and ``minder_actions_breaker_tripped`` is 1. Undos are always allowed,
-without the check: giving a node back is safe (and only Minder's own mark for the alert is undone).
+watched fleet within ``window_s``) counts applies that passed the check, once per machine, and
+the nodes a passed self-check returned, once per alert (:func:`breaker_refusal`: the self-check
+service asks it before each return), and trips instead of acting past its bound; then nothing
+is applied until an operator resets it (``POST /api/v1/breaker/reset``, ``minder breaker
+reset``), its trip is an event of its own for the notification destinations, and
+``minder_actions_breaker_tripped`` is 1. Undos are always allowed, without the check: giving a
+node back is safe (and only Minder's own mark for the alert is undone).
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from minder.actions.base import ActionError, ActionOutcome, NodeActuator, SchedulerView
 from minder.actions.policy import ActionPolicy
-from minder.core.alert import Alert, AlertKind, AlertStatus
+from minder.core.alert import Alert, AlertKind
 from minder.delivery.worker import DeliveryError
 from minder.storage import Session, SessionFactory
 from minder.storage.actions import (
     ACTIONS_BREAKER,
     ActionOutcomeKind,
     actions_enabled,
+    alerts_acted_on,
+    alerts_resumed,
     apply_modes,
     audit,
     get_breaker,
@@ -47,7 +54,7 @@ from minder.storage.actions import (
     trip_breaker,
     watched_machines,
 )
-from minder.storage.alerts import get_alert
+from minder.storage.alerts import ACTIVE_STATUSES, get_alert
 from minder.storage.outbox import (
     AlertEvent,
     Delivery,
@@ -62,7 +69,13 @@ BREAKER = ACTIONS_BREAKER
 """Name of the breaker in front of every scheduler action."""
 
 APPLY_EVENTS = frozenset({AlertEvent.OPENED.value})
-UNDO_EVENTS = frozenset({AlertEvent.RESOLVED.value, AlertEvent.FALSE_POSITIVE.value})
+UNDO_EVENTS = frozenset(
+    {
+        AlertEvent.RESOLVED.value,
+        AlertEvent.FALSE_POSITIVE.value,
+        AlertEvent.CLEARED_BY_SELFCHECK.value,
+    }
+)
 
 CHECK = "check"
 """The audit operation of a scheduler check that failed (its ``failed`` rows are no apply: no undo
@@ -72,6 +85,108 @@ _SHOWN_CHARS = 64
 """Characters of a job id quoted in a detail or a log line (it comes from a node's report)."""
 _EVIDENCE_NODES = 16
 """The job's nodes listed in a ``suspicious_source`` alert's evidence (the count is given too)."""
+
+
+def apply_operation(target: str) -> str:
+    """The audit operation of taking a node out on ``target``: ``cordon`` or ``drain``."""
+    return "cordon" if target == "kubernetes" else "drain"
+
+
+def undo_operation(target: str) -> str:
+    """The audit operation of giving a node back on ``target``: ``uncordon`` or ``resume``."""
+    return "uncordon" if target == "kubernetes" else "resume"
+
+
+def breaker_refusal(
+    session: Session,
+    policy: ActionPolicy,
+    *,
+    target: str,
+    job: str,
+    machine: str,
+    alert_id: str,
+    resume: bool,
+    now: float,
+) -> tuple[str | None, bool]:
+    """Whether the actions circuit breaker refuses one more change, tripping it if this one
+    would pass a bound; call it in the transaction that then audits the change as ``started``.
+
+    The breaker's row is locked, so replicas decide one after another. Within ``window_s`` (or
+    since an operator's reset) it counts the machines taken out (once per ``(job, machine)``)
+    and the nodes returned after a passed self-check (once per ``(job, alert)``) whose drain for
+    that alert is not counted in the window already (the same machine out and back is one
+    machine). ``resume`` says which this change is: a drain of a machine already counted, or a
+    return already counted for its alert or whose drain is counted, adds nothing.
+
+    Returns
+    -------
+    tuple
+        Why the breaker refuses (None: it allows), and whether it tripped just now (the caller
+        then notifies: :func:`enqueue_breaker_trip`).
+    """
+    state = get_breaker(session, BREAKER, for_update=True)
+    if state.tripped:
+        return f"circuit breaker tripped ({state.reason}); reset it to act again", False
+    # An operator's reset starts a new window: what was counted before it is forgiven.
+    since = max(now - policy.window_s, state.reset_at or 0.0)
+    drained = machines_acted_on(session, since=since, operation=apply_operation(target))
+    drained_alerts = alerts_acted_on(session, since=since, operation=apply_operation(target))
+    # A node out and back for the same alert is one machine: its drain counts, its return not.
+    returned = {(j, a) for j, a in alerts_resumed(session, since=since) if a not in drained_alerts}
+    if (
+        (not resume and (job, machine) in drained)
+        or (resume and (job, alert_id) in returned)
+        or (resume and alert_id in drained_alerts)
+    ):
+        return None, False  # already counted: nothing new changes
+    in_job = sum(1 for j, _ in drained if j == job) + sum(1 for j, _ in returned if j == job)
+    total = len(drained) + len(returned)
+    fleet = watched_machines(session)
+    fleet_bound = policy.fleet_bound(fleet)
+    what = "returns and drains" if returned or resume else "machines"
+    reason = None
+    if in_job + 1 > policy.max_per_job:
+        reason = (
+            f"{in_job + 1} {what} of job {_shown(job)} within {policy.window_s:.0f} s would "
+            f"pass the bound of {policy.max_per_job}"
+        )
+    elif total + 1 > fleet_bound:
+        reason = (
+            f"{total + 1} {what} within {policy.window_s:.0f} s would pass "
+            f"{policy.max_fraction:.1%} of the {fleet} watched machines ({fleet_bound})"
+        )
+    if reason is None:
+        return None, False
+    tripped = trip_breaker(session, BREAKER, reason, now=now)
+    if tripped:
+        logger.error("actions circuit breaker tripped: %s; no action until it is reset", reason)
+    return f"circuit breaker tripped: {reason}", tripped
+
+
+def enqueue_breaker_trip(
+    session: Session,
+    notify: Sequence[Destination],
+    *,
+    reason: str,
+    target: str,
+    mode: str,
+    alert: Alert,
+    now: float,
+) -> None:
+    """The ``breaker.tripped`` event of a trip, to the notification destinations."""
+    enqueue(
+        session,
+        notify,
+        event=AlertEvent.BREAKER_TRIPPED,
+        data={
+            "breaker": BREAKER,
+            "reason": reason,
+            "target": target,
+            "mode": mode,
+            "refused": {"alert_id": alert.id, "job": alert.job, "machine": alert.machine},
+        },
+        now=now,
+    )
 
 
 class ActionMetrics:
@@ -108,6 +223,8 @@ class ActionExecutor:
     on_enqueued
         Called after breaker events or a ``suspicious_source`` alert were written (wakes their
         workers).
+    on_applied
+        Called after a node was taken out in enforce mode (wakes the self-check service).
     scheduler
         Where the check asks which nodes a job runs on; None: the actuator itself (the Slurm and
         Kubernetes actuators are their own :class:`~minder.actions.base.SchedulerView`).
@@ -130,6 +247,7 @@ class ActionExecutor:
         on_enqueued: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
         scheduler: SchedulerView | None = None,
+        on_applied: Callable[[], None] | None = None,
     ) -> None:
         view: object = scheduler if scheduler is not None else actuator
         if not callable(getattr(view, "job_nodes", None)):
@@ -149,6 +267,7 @@ class ActionExecutor:
         self.notify = list(notify)
         self.metrics = metrics
         self.on_enqueued = on_enqueued
+        self.on_applied = on_applied
         self.clock = clock
         if metrics is not None:
             for operation in (self._operation(undo=False), self._operation(undo=True)):
@@ -228,7 +347,7 @@ class ActionExecutor:
         if why is not None:
             return ActionOutcomeKind.SKIPPED_POLICY, why
         current = get_alert(session, alert.id).status
-        if current not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
+        if current not in ACTIVE_STATUSES:
             return (
                 ActionOutcomeKind.SKIPPED_POLICY,
                 f"the alert is {current.value} already: nothing to take out",
@@ -320,53 +439,27 @@ class ActionExecutor:
 
     def _breaker_refuses(self, session: Session, alert: Alert) -> str | None:
         """Why the breaker refuses this apply (tripping it now if this one would pass a bound)."""
-        state = get_breaker(session, BREAKER, for_update=True)
-        if state.tripped:
-            return f"circuit breaker tripped ({state.reason}); reset it to act again"
-        # An operator's reset starts a new window: what was counted before it is forgiven.
-        since = max(self.clock() - self.policy.window_s, state.reset_at or 0.0)
-        operation = self._operation(undo=False)
-        acted = machines_acted_on(session, since=since, operation=operation)
-        key = (alert.job, alert.machine)
-        if key in acted:
-            return None  # the same machine again: no new machine out
-        in_job = sum(1 for job, _ in acted if job == alert.job)
-        fleet = watched_machines(session)
-        fleet_bound = self.policy.fleet_bound(fleet)
-        reason = None
-        if in_job + 1 > self.policy.max_per_job:
-            reason = (
-                f"{in_job + 1} machines of job {alert.job} within {self.policy.window_s:.0f} s "
-                f"would pass the bound of {self.policy.max_per_job}"
-            )
-        elif len(acted) + 1 > fleet_bound:
-            reason = (
-                f"{len(acted) + 1} machines within {self.policy.window_s:.0f} s would pass "
-                f"{self.policy.max_fraction:.1%} of the {fleet} watched machines ({fleet_bound})"
-            )
-        if reason is None:
-            return None
-        if trip_breaker(session, BREAKER, reason, now=self.clock()):
-            logger.error("actions circuit breaker tripped: %s; no action until it is reset",
-                         reason)  # fmt: skip
+        now = self.clock()
+        why, tripped = breaker_refusal(
+            session,
+            self.policy,
+            target=self.target,
+            job=alert.job,
+            machine=alert.machine,
+            alert_id=alert.id,
+            resume=False,
+            now=now,
+        )
+        if tripped:
             if self.metrics is not None:
                 self.metrics.breaker.set(1)
-            enqueue(
-                session,
-                self.notify,
-                event=AlertEvent.BREAKER_TRIPPED,
-                data={
-                    "breaker": BREAKER,
-                    "reason": reason,
-                    "target": self.target,
-                    "mode": self.policy.mode,
-                    "refused": {"alert_id": alert.id, "job": alert.job, "machine": alert.machine},
-                },
-                now=self.clock(),
-            )
+            state = get_breaker(session, BREAKER)
+            enqueue_breaker_trip(session, self.notify, reason=state.reason or "",
+                                 target=self.target, mode=self.policy.mode, alert=alert,
+                                 now=now)  # fmt: skip
             if self.on_enqueued is not None:
                 self.on_enqueued()
-        return f"circuit breaker tripped: {reason}"
+        return why
 
     # -- undo ----------------------------------------------------------------------------------
     def _undo(self, alert: Alert, delivery: Delivery) -> None:
@@ -405,11 +498,11 @@ class ActionExecutor:
         with self.sessions.begin() as session:
             self._audit(session, alert, node, operation, outcome, done.detail, delivery)
         logger.info("%s %s for alert %s: %s", done.operation, node, alert.id, done.detail)
+        if not undo and done.changed and self.on_applied is not None:
+            self.on_applied()
 
     def _operation(self, *, undo: bool) -> str:
-        if self.target == "kubernetes":
-            return "uncordon" if undo else "cordon"
-        return "resume" if undo else "drain"
+        return undo_operation(self.target) if undo else apply_operation(self.target)
 
     @staticmethod
     def _reason(alert: Alert) -> str:

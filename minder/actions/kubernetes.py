@@ -146,6 +146,33 @@ def _is_ours(taint: Any) -> bool:
     )
 
 
+def is_minder_taint(taint: Any) -> bool:
+    """``taint`` is Minder's (key :data:`TAINT_KEY`, effect :data:`TAINT_EFFECT`), for any alert."""
+    return _is_ours(taint)
+
+
+def one_line(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """Untrusted ``text`` on one line, cut to ``limit`` characters."""
+    return _one_line(text, limit)
+
+
+def check_node_name(node: str) -> None:
+    """Refuse anything but a node name (an RFC 1123 subdomain).
+
+    Raises
+    ------
+    ActionError
+        (not transient) ``node`` is not a node name.
+    """
+    _check_node_name(node)
+
+
+def server_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's ``Status`` in ``exc`` (else its HTTP reason), on one
+    line and truncated."""
+    return _server_message(exc)
+
+
 def _condition(node: dict[str, Any]) -> dict[str, Any] | None:
     for condition in (node.get("status") or {}).get("conditions") or []:
         if isinstance(condition, dict) and condition.get("type") == CONDITION_TYPE:
@@ -260,6 +287,28 @@ class KubernetesActuator:
     def close(self) -> None:
         """Close the API client's connection pool."""
         self._api_client.close()
+
+    @property
+    def api_client(self) -> k8s_client.ApiClient:
+        """The API client (the self-check launcher shares its connection and credentials)."""
+        return self._api_client
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Limit of each HTTP request to the API server."""
+        return self._timeout
+
+    def read_node(self, node: str) -> dict[str, Any]:
+        """The Node ``node`` as the API server stores it (JSON).
+
+        Raises
+        ------
+        ActionError
+            Not a node name, unknown node, API server unreachable, RBAC without ``get`` on
+            ``nodes``.
+        """
+        _check_node_name(node)
+        return self._read(node)
 
     # -- the scheduler's view ---------------------------------------------------------------
 

@@ -123,3 +123,92 @@ class ActionPolicy:
     def fleet_bound(self, watched_machines: int) -> int:
         """Most machines the fleet-wide bound allows in one window."""
         return max(self.min_fleet_bound, math.floor(self.max_fraction * watched_machines))
+
+
+DEFAULT_SELFCHECK_COMMAND: tuple[str, ...] = ("minder", "selfcheck", "run")
+"""The argv prefix a self-check runs on its nodes (the service appends ``--report-url`` and
+``--check-id``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SelfCheckPolicy:
+    """When and how the service checks a node Minder drained (docs/selfcheck.md; settings
+    ``MINDER_SELFCHECK__*``).
+
+    Attributes
+    ----------
+    report_url
+        The API's base URL as the nodes reach it (``http://minder:8080``): where a check posts
+        its report.
+    enforce
+        Self-checks act only when the actions do (``MINDER_ACTIONS__ENFORCE``); in dry run the
+        service audits which node it would check and does nothing.
+    kinds
+        Alert kinds whose drained node gets a check.
+    max_concurrent
+        Checks running at once (launched, no verdict yet).
+    timeout_s
+        Wall time a launched check may take before it is cancelled as ``timed_out``.
+    retries
+        Inconclusive or timed-out checks of one alert retried (a new check) before the service
+        gives up, notifies and leaves the node out.
+    max_failures_per_node
+        A node whose checks failed this many times gets no more automatic checks: it stays out
+        until a person acts (resolves the alert, or asks for a check through the API).
+    partners
+        Healthy idle nodes the collective check runs with (0: no collective check).
+    command
+        The argv prefix run on every node of a check.
+    ready_timeout_s
+        How long a pending check waits for its node (its job still running there) or for the
+        scheduler before it is ``inconclusive``.
+    report_grace_s
+        How long after the scheduler says a check's job ended its report may still arrive; then
+        the check is ``inconclusive`` ("exited without a report").
+    interval_s
+        The service's pass interval (it is also woken after a drain and after a report).
+    """
+
+    report_url: str
+    enforce: bool = False
+    kinds: frozenset[str] = frozenset(DEFAULT_ACT_ON)
+    max_concurrent: int = 4
+    timeout_s: float = 600.0
+    retries: int = 1
+    max_failures_per_node: int = 2
+    partners: int = 3
+    command: tuple[str, ...] = DEFAULT_SELFCHECK_COMMAND
+    ready_timeout_s: float = 1800.0
+    report_grace_s: float = 15.0
+    interval_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.report_url.startswith(("http://", "https://")):
+            raise ValidationError(
+                f"self-check report_url {self.report_url[:80]!r}: expected the API's base URL as "
+                "the nodes reach it, e.g. http://minder:8080"
+            )
+        for kind in self.kinds:
+            if kind not in ACTING_KINDS:
+                raise ValidationError(f"self-check kind {kind[:40]!r}: expected {_KINDS}")
+        for name, low in (("max_concurrent", 1), ("retries", 0), ("max_failures_per_node", 1),
+                          ("partners", 0)):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ValidationError(
+                    f"self-check {name} is {value!r}: expected an integer >= {low}"
+                )
+        for name in ("timeout_s", "ready_timeout_s", "report_grace_s", "interval_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValidationError(f"self-check {name} is {value!r}: expected seconds > 0")
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise ValidationError(
+                f"self-check command {list(self.command)[:8]!r}: expected a non-empty argv of "
+                "non-empty strings, e.g. ['minder', 'selfcheck', 'run']"
+            )
+
+    @property
+    def mode(self) -> str:
+        """``enforce`` or ``dry_run``, as audited."""
+        return "enforce" if self.enforce else "dry_run"

@@ -405,6 +405,28 @@ def _check_node(node: str) -> None:
         )
 
 
+def check_node_name(node: str) -> None:
+    """Refuse anything but one Slurm node name (no host-list expression).
+
+    Raises
+    ------
+    ActionError
+        (not transient) ``node`` is not a single node name.
+    """
+    _check_node(node)
+
+
+def check_alert_id(alert_id: str) -> None:
+    """Refuse an alert id that cannot be Minder's mark (a plain token of at most 64 characters).
+
+    Raises
+    ------
+    ActionError
+        (not transient) ``alert_id`` is not a plain token.
+    """
+    _check_alert_id(alert_id)
+
+
 def is_slurm_job_id(job_id: str) -> bool:
     """``job_id`` names a Slurm job: ``4242`` (``SLURM_JOB_ID``) or an array task ``4240_2``."""
     return isinstance(job_id, str) and _JOB_ID.fullmatch(job_id) is not None
@@ -553,7 +575,7 @@ class SlurmActuator:
         if completed.returncode != 0:
             if NO_SUCH_JOB in output.lower():
                 return None
-            raise _classify(subject, "read", completed.returncode, output)
+            raise classify_error(subject, "read", completed.returncode, output)
         try:
             records = records_of_job(parse_show_job(completed.stdout or ""), job_id)
         except ValueError as exc:
@@ -586,7 +608,7 @@ class SlurmActuator:
             completed = self._exec(subject, "expand", ["show", "hostnames", expression])
             if completed.returncode != 0:
                 output = (completed.stdout or "") + (completed.stderr or "")
-                raise _classify(subject, "expand", completed.returncode, output)
+                raise classify_error(subject, "expand", completed.returncode, output)
             names = (completed.stdout or "").split()
         else:
             names = [name for name in expression.split(",") if name]
@@ -618,7 +640,7 @@ class SlurmActuator:
         completed = self._exec(subject, operation, args)
         output = (completed.stdout or "") + (completed.stderr or "")
         if completed.returncode != 0:
-            raise _classify(subject, operation, completed.returncode, output, node=node)
+            raise classify_error(subject, operation, completed.returncode, output, node=node)
         return output
 
     def _exec(
@@ -626,12 +648,47 @@ class SlurmActuator:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``scontrol args`` (``subject``/``operation`` name it in errors): the finished
         process whatever its exit code, or an ``ActionError`` when it could not run or timed out."""
-        command = [self.scontrol, *args]
+        return self.run_program(self.scontrol, subject, operation, args, label="scontrol")
+
+    def run_program(
+        self,
+        program: str,
+        subject: str,
+        operation: str,
+        args: list[str],
+        *,
+        stdin_text: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        label: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the Slurm client ``program`` (``scontrol``, ``sbatch``, ``scancel``...: a name on
+        ``PATH`` or a path) with ``args``, this actuator's environment (``SLURM_CONF``) and
+        timeout; ``subject``/``operation`` name it in errors.
+
+        ``stdin_text`` is written to its standard input (``sbatch`` reads its script there);
+        ``extra_env`` is added to its environment (never logged: it may hold a secret);
+        ``label`` names the program in errors (by default the file name of ``program``).
+
+        Returns
+        -------
+        subprocess.CompletedProcess
+            The finished process, whatever its exit code (see :func:`classify_error`).
+
+        Raises
+        ------
+        ActionError
+            The program could not run, or ran past the timeout (transient).
+        """
+        command = [program, *args]
+        label = label or Path(program).name or program
         environment = self._environment()
+        if extra_env:
+            environment.update(extra_env)
         try:
             completed = subprocess.run(  # a fixed argument list, no shell
                 command,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if stdin_text is None else None,
+                input=stdin_text,
                 capture_output=True,
                 text=True,
                 encoding="utf-8",
@@ -642,26 +699,26 @@ class SlurmActuator:
             )
         except FileNotFoundError:
             raise ActionError(
-                f"slurm: cannot {operation} {subject}: scontrol not found "
-                f"({excerpt(self.scontrol, 120)!r}; install Slurm's client or set its path)",
+                f"slurm: cannot {operation} {subject}: {label} not found "
+                f"({excerpt(program, 120)!r}; install Slurm's client or set its path)",
                 transient=False,
             ) from None
         except PermissionError:
             raise ActionError(
                 f"slurm: cannot {operation} {subject}: no permission to run "
-                f"{excerpt(self.scontrol, 120)!r}",
+                f"{excerpt(program, 120)!r}",
                 transient=False,
             ) from None
         except OSError as exc:
             raise ActionError(
                 f"slurm: cannot {operation} {subject}: cannot run "
-                f"{excerpt(self.scontrol, 120)!r}: {excerpt(str(exc))}",
+                f"{excerpt(program, 120)!r}: {excerpt(str(exc))}",
                 transient=False,
             ) from None
         except subprocess.TimeoutExpired:
             raise ActionError(
-                f"slurm: cannot {operation} {subject}: scontrol {args[0]} took longer than "
-                f"{self.timeout_s:g} s (controller unreachable or overloaded)",
+                f"slurm: cannot {operation} {subject}: {label} {args[0] if args else ''} took "
+                f"longer than {self.timeout_s:g} s (controller unreachable or overloaded)",
                 transient=True,
             ) from None
         return completed
@@ -672,18 +729,25 @@ class SlurmActuator:
         return ActionOutcome(self.name, node, operation, changed, excerpt(detail, 400))
 
 
-def _classify(
-    subject: str, operation: str, returncode: int, output: str, *, node: str | None = None
+def classify_error(
+    subject: str,
+    operation: str,
+    returncode: int,
+    output: str,
+    *,
+    node: str | None = None,
+    program: str = "scontrol",
 ) -> ActionError:
-    """An ``ActionError`` for a failed ``scontrol`` call about ``subject`` (``node 'x'``, ``job
-    '7'``), transient when a retry may succeed; ``node`` when the call was about that node."""
+    """An ``ActionError`` for a failed call of a Slurm client (``program``, by default
+    ``scontrol``) about ``subject`` (``node 'x'``, ``job '7'``), transient when a retry may
+    succeed; ``node`` when the call was about that node."""
     lowered = output.lower()
     said = excerpt(output) or "nothing"
     if returncode < 0:
-        how = f"scontrol was killed by signal {-returncode}"
+        how = f"{program} was killed by signal {-returncode}"
         transient = True
     else:
-        how = f"scontrol exited with {returncode}"
+        how = f"{program} exited with {returncode}"
         if any(pattern in lowered for pattern in _TRANSIENT_ERRORS):
             transient = True
         elif any(pattern in lowered for pattern in _PERMANENT_ERRORS):

@@ -15,7 +15,16 @@ from starlette.concurrency import run_in_threadpool
 from minder import __version__
 from minder.api.deps import READ_RESPONSES, ApiContext, WhatIfContext, require_read_access
 from minder.api.errors import install_error_handlers
-from minder.api.routes import actions, alerts, deliveries, health, jobs, metrics, whatif
+from minder.api.routes import (
+    actions,
+    alerts,
+    deliveries,
+    health,
+    jobs,
+    metrics,
+    selfchecks,
+    whatif,
+)
 from minder.api.security import (
     DEFAULT_BODY_MIN_RATE,
     DEFAULT_BODY_TIMEOUT_S,
@@ -58,6 +67,7 @@ def create_app(
     version: str = __version__,
     destinations: Sequence[Destination] = (),
     on_enqueued: Callable[[], None] | None = None,
+    selfcheck_wake: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The HTTP API of Minder, under ``/api/v1``, plus ``/metrics``.
 
@@ -108,6 +118,9 @@ def create_app(
         Where alert status changes go (the outbox destinations of the service).
     on_enqueued
         Called after a request wrote outbox rows (wakes the delivery workers).
+    selfcheck_wake
+        Called after a request changed a self-check (a node's report, an operator's request or
+        cancel): wakes the service's self-check loop to act on it at once.
 
     Raises
     ------
@@ -184,6 +197,7 @@ def create_app(
         ),
         destinations=tuple(destinations),
         on_enqueued=on_enqueued,
+        selfcheck_wake=selfcheck_wake,
         open_access=open_access,
         open_reads=open_access or open_reads,
         cors_origins=tuple(cors_origins),
@@ -193,11 +207,21 @@ def create_app(
     runner.start()
     install_error_handlers(app)
     v1 = APIRouter(prefix=API_PREFIX)
-    for router in (jobs.router, alerts.router, deliveries.router, actions.router, whatif.router):
+    resources = (
+        jobs.router,
+        alerts.router,
+        deliveries.router,
+        actions.router,
+        whatif.router,
+        selfchecks.router,
+    )
+    for router in resources:
         # reads need the token when there is one, else a loopback client or open reads
         v1.include_router(
             router, dependencies=[Depends(require_read_access)], responses=READ_RESPONSES
         )
+    # a node's self-check report: its check's own token, not the API token
+    v1.include_router(selfchecks.report_router)
     for router in (health.router, metrics.router):  # open to probes and scrapers, always
         v1.include_router(router)
     app.include_router(v1)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from minder.api.schemas import InvalidInput, Problem
 from minder.api.security import (
+    MISSING_CHECK_TOKEN_DETAIL,
     MISSING_TOKEN_DETAIL,
     NO_TOKEN_DETAIL,
     WRONG_TOKEN_DETAIL,
@@ -75,6 +76,9 @@ class ApiContext:
         Without a token, reads are served to any client, not only to loopback ones.
     cors_origins
         Browser origins allowed cross-origin requests; a change from another origin is refused.
+    selfcheck_wake
+        Called after a request changed a self-check (a node's report, an operator's request or
+        cancel, committed): wakes the service's self-check loop to act on it now.
     """
 
     session_factory: SessionFactory
@@ -88,11 +92,17 @@ class ApiContext:
     open_access: bool = False
     open_reads: bool = False
     cors_origins: tuple[str, ...] = ()
+    selfcheck_wake: Callable[[], None] | None = None
 
     def enqueued(self) -> None:
         """Outbox rows were committed: wake the delivery workers."""
         if self.on_enqueued is not None:
             self.on_enqueued()
+
+    def wake_selfchecks(self) -> None:
+        """A self-check changed (committed): wake the service's self-check loop."""
+        if self.selfcheck_wake is not None:
+            self.selfcheck_wake()
 
 
 def get_context(request: Request) -> ApiContext:
@@ -228,3 +238,36 @@ def require_read_access(request: Request, context: Context, credentials: Credent
         _check_bearer(context.api_token, credentials)
     elif not context.open_reads and not is_loopback(request):
         raise HTTPException(status.HTTP_403_FORBIDDEN, NO_TOKEN_READ_DETAIL)
+
+
+_check_bearer_scheme = HTTPBearer(
+    auto_error=False,
+    scheme_name="SelfCheckToken",
+    description="a self-check's one-time token (MINDER_SELFCHECK_TOKEN of the check), not the "
+    "API token",
+)
+
+
+def check_token(
+    request: Request,
+    context: Context,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_check_bearer_scheme)],
+) -> str:
+    """The bearer token of a self-check's report: the check's own one-time secret, not the API
+    token (storage compares it with the check's, :func:`~minder.storage.selfchecks.accept_report`).
+
+    Only its presence is checked here (401 without one), and a browser's request from a foreign
+    origin is refused (403), before the body is read. The token is never logged.
+    """
+    _refuse_foreign_origin(request, context)
+    if credentials is None or not credentials.credentials:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            MISSING_CHECK_TOKEN_DETAIL,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return credentials.credentials
+
+
+CheckToken = Annotated[str, Depends(check_token)]
+"""The self-check token of a report (:func:`check_token`)."""

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from minder.api.deps import ApiContext
 from minder.api.schemas import TransitionProblem
 from minder.core.errors import MinderError, NotFoundError, ValidationError
+from minder.core.selfcheck import SelfCheckConflictError, SelfCheckTokenError
 from minder.storage import StatusTransitionError
 
 logger = logging.getLogger(__name__)
@@ -37,15 +38,32 @@ def _invalid(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": _shown(request, exc)}, status_code=422)
 
 
+def _check_token(request: Request, exc: Exception) -> JSONResponse:
+    # the message names the check, never the token
+    return JSONResponse(
+        {"detail": _shown(request, exc)},
+        status_code=401,
+        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+    )
+
+
+def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": _shown(request, exc)}, status_code=409)
+
+
 def _internal(request: Request, exc: Exception) -> JSONResponse:
     logger.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
     return JSONResponse({"detail": _shown(request, exc)}, status_code=500)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """404 for a missing entity, 409 for a forbidden transition, 422 for bad input."""
+    """404 for a missing entity, 409 for a forbidden transition or a self-check that takes no
+    report (or request) now, 401 for a self-check report without its check's token, 422 for bad
+    input."""
     # Starlette picks the handler of the most specific class in the exception's MRO
     app.add_exception_handler(StatusTransitionError, _transition)
+    app.add_exception_handler(SelfCheckTokenError, _check_token)
+    app.add_exception_handler(SelfCheckConflictError, _conflict)
     app.add_exception_handler(NotFoundError, _not_found)
     app.add_exception_handler(ValidationError, _invalid)
     app.add_exception_handler(MinderError, _internal)

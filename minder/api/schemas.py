@@ -8,6 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minder.core.alert import AlertKind, AlertStatus
 from minder.core.hang import CulpritReason
+from minder.core.selfcheck import (
+    CheckStatus,
+    SelfCheckRecord,
+    SelfCheckState,
+    Verdict,
+)
 from minder.storage import (
     AlertRecord,
     HangRecord,
@@ -568,3 +574,100 @@ class WhatIfPage(BaseModel):
     total: int = Field(description="reports matching the filters, over all pages")
     limit: int
     offset: int
+
+
+class CheckResultOut(BaseModel):
+    """One check's outcome on the node (docs/selfcheck.md, "Report")."""
+
+    name: str = Field(
+        description="dotted check name: gpu.matmul, gpu.nvml, gpu.dcgm, network.rdma, "
+        "network.ib_write_bw, collective.allreduce, host.clock, host.disk, host.memory_ecc"
+    )
+    status: CheckStatus = Field(
+        description="pass, fail, skipped (its hardware or tool is absent: the summary says "
+        "which) or error (it gave no answer)"
+    )
+    summary: str = Field(description="one line: what was measured against what, or why not")
+    measurements: dict[str, float | int | str | bool | None] = Field(
+        description="the figures behind the status (throughputs, baselines, counters, times)"
+    )
+    duration_s: float = Field(description="wall time the check took")
+
+
+class SelfCheckReportBody(BaseModel):
+    """What ``minder selfcheck run`` reports for one node: ``SelfCheckReport.to_dict()``.
+
+    ``verdict`` and ``reason`` follow from ``checks``: fail when a check failed, else
+    inconclusive when one gave no answer or none could run, else pass; a report whose stated
+    verdict disagrees with its checks is refused (422).
+    """
+
+    schema_version: int = Field(description="1")
+    check_id: str | None = Field(description="the service's id of the check it answers")
+    node: str = Field(description="the node's scheduler name")
+    started_ts: float = Field(description="unix seconds")
+    finished_ts: float = Field(description="unix seconds, not before started_ts")
+    verdict: Verdict
+    reason: str = Field(description="one line: the failing checks, or why inconclusive")
+    checks: list[CheckResultOut] = Field(description="at most 64, each name once")
+
+
+class SelfCheckOut(BaseModel):
+    """A self-check the service scheduled on a node it drained (docs/selfcheck-service.md)."""
+
+    id: str
+    alert_id: str = Field(description="the alert whose drain the check answers")
+    job: str
+    machine: str
+    node: str = Field(description="the scheduler's name of the machine")
+    target: str = Field(description="slurm or kubernetes")
+    state: SelfCheckState = Field(
+        description="pending (waiting for a slot, the node or partners), running (launched, no "
+        "verdict yet), then passed (the node was returned), failed (kept out, alert confirmed), "
+        "inconclusive or timed_out (kept out, notified), cancelled (by a person)"
+    )
+    attempt: int = Field(description="1 for the alert's first check, 2 for a retry, …")
+    partners: list[str] = Field(description="healthy nodes the collective check ran with")
+    created_ts: float = Field(description="when the check was decided, unix seconds")
+    started_ts: float | None = Field(description="when it was launched")
+    finished_ts: float | None = Field(description="when it reached its final state")
+    drained_ts: float | None = Field(description="when Minder took the node out")
+    returned_ts: float | None = Field(
+        description="when the node went back to scheduling after a pass; null otherwise"
+    )
+    scheduler_ref: str | None = Field(
+        description="the scheduler's handle: Slurm job id and reservation, Kubernetes Job name"
+    )
+    detail: str = Field(description="one line: why pending, the verdict, why inconclusive")
+    verdict: Verdict | None = Field(description="the node's verdict once its report came")
+    report: SelfCheckReportBody | None = Field(description="the node's report once received")
+
+    @classmethod
+    def of(cls, record: SelfCheckRecord) -> SelfCheckOut:
+        return cls.model_validate(record.to_dict())
+
+
+class SelfCheckPage(BaseModel):
+    """One page of self-checks, newest first."""
+
+    items: list[SelfCheckOut]
+    total: int = Field(description="self-checks matching the filters, over all pages")
+    limit: int
+    offset: int
+
+
+class SelfCheckRequest(BaseModel):
+    """Ask for a self-check of the node an alert's action drained."""
+
+    alert_id: str = Field(min_length=1, max_length=255)
+    by: str = Field(
+        min_length=1, max_length=255, description="who asks (kept with the check's record)"
+    )
+    model_config = ConfigDict(extra="forbid")
+
+
+class SelfCheckCancel(BaseModel):
+    """Who cancels a self-check (kept with its record)."""
+
+    by: str | None = Field(None, min_length=1, max_length=255)
+    model_config = ConfigDict(extra="forbid")

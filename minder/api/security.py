@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -139,7 +140,15 @@ NO_TOKEN_DETAIL = (
 )
 MISSING_TOKEN_DETAIL = "this endpoint needs 'Authorization: Bearer <token>'"
 WRONG_TOKEN_DETAIL = "the bearer token is not valid"
+MISSING_CHECK_TOKEN_DETAIL = (
+    "a self-check report needs 'Authorization: Bearer <the check's token>' "
+    "(MINDER_SELFCHECK_TOKEN of the check)"
+)
 CHANGE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CHECK_TOKEN_PATH = re.compile(r"/api/v1/selfchecks/[^/]+/report")
+"""Where a node posts its self-check report: authenticated by the check's own token (compared
+by storage), not by the API token, so :class:`EarlyTokenMiddleware` only asks for a bearer
+token there."""
 
 
 def foreign_origin(origin: str | None, host: str, cors_origins: Sequence[str]) -> str | None:
@@ -164,6 +173,10 @@ class EarlyTokenMiddleware:
     hold a connection for as long as it trickles a body at the minimum rate. This answers such
     a request at once (401, or 403 when the server has no token and is not open) and closes the
     connection; the routes keep their full check (origin and all).
+
+    A node's self-check report (:data:`CHECK_TOKEN_PATH`) carries its check's own token, not the
+    API token: there only a bearer token is required (401 without one); the route has storage
+    compare it with the check's.
     """
 
     def __init__(
@@ -196,14 +209,22 @@ class EarlyTokenMiddleware:
         if refused is not None:  # as the route would answer, first (CSRF)
             await _plain_error(send, HTTPException(403, refused))
             return
+        given = headers.get(b"authorization")
+        scheme, _, credentials = (given or b"").partition(b" ")
+        if scope["method"] == "POST" and CHECK_TOKEN_PATH.fullmatch(scope["path"]):
+            # a node's report: its check's own token, which the route has storage compare
+            if scheme.lower() != b"bearer" or not credentials.strip():
+                challenge = {"WWW-Authenticate": "Bearer"}
+                await _plain_error(send, HTTPException(401, MISSING_CHECK_TOKEN_DETAIL, challenge))
+                return
+            await self.app(scope, receive, send)
+            return
         if self.token is None and self.open_access:
             await self.app(scope, receive, send)
             return
         if self.token is None:
             await _plain_error(send, HTTPException(403, NO_TOKEN_DETAIL))
             return
-        given = headers.get(b"authorization")
-        scheme, _, credentials = (given or b"").partition(b" ")
         if given is None or scheme.lower() != b"bearer":
             challenge = {"WWW-Authenticate": "Bearer"}
             await _plain_error(send, HTTPException(401, MISSING_TOKEN_DETAIL, challenge))

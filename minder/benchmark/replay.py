@@ -37,7 +37,7 @@ from collectors.sim.delivery import Deliverer
 from collectors.sim.engine import CHUNK_S, chunk_count, generate_chunk
 from collectors.sim.layout import build_layout
 from collectors.sim.plan import JobPlan, compile_scenario
-from detectors.base import DetectorFactory, JobDetector
+from detectors.base import DetectorFactory, JobDetector, finish_of
 from detectors.window import JobWindow
 from minder.core.alert import Alert
 from minder.core.metrics import METRICS, MetricKind
@@ -473,6 +473,15 @@ class _JobReplay:
             self.evaluated += 1
             self.next_eval = now + 1
 
+    def finish(self) -> None:
+        """The job's data ended: tell the detector at its last evaluated second, as the
+        service does when a job stops reporting (:func:`detectors.base.finish_of`)."""
+        if self.next_eval is None or self.evaluated == 0:
+            return
+        began = time.process_time()
+        self.alerts.extend(finish_of(self.detector, self.window, self.sec0 + self.next_eval - 1))
+        self.cpu += time.process_time() - began
+
 
 def _replay_job(
     job: SimulatedJob,
@@ -503,6 +512,7 @@ def _replay_job(
         if progress is not None:
             progress(done_before + chunk.stop, total)
     state.advance(job.plan.duration_s - 1)
+    state.finish()
     result.alerts.extend(state.alerts)
     result.seconds += state.evaluated
     result.job_seconds += job.plan.duration_s

@@ -29,7 +29,7 @@ from minder.client.api import (
 from minder.core.alert import AlertKind, AlertStatus
 
 if TYPE_CHECKING:
-    from minder.client.api import AlertOut, AuditOut, DeliveryOut, MinderApi
+    from minder.client.api import AlertOut, AuditOut, DeliveryOut, MinderApi, SelfCheckOut
 
 alerts_app = typer.Typer(
     name="alerts",
@@ -44,9 +44,25 @@ STATUS_STYLE = {
     "acknowledged": "yellow",
     "resolved": "green",
     "false_positive": "dim",
+    "confirmed": "bold magenta",
+    "cleared_by_selfcheck": "green",
 }
 SHOWN_EVIDENCE = 20
 """Evidence keys ``alerts show`` prints (the JSON output has them all)."""
+SHOWN_SELFCHECKS = 100
+"""Self-checks of one alert ``alerts show`` fetches (newest first)."""
+CHECK_STYLE = {
+    "pass": "green",
+    "passed": "green",
+    "fail": "bold red",
+    "failed": "bold red",
+    "error": "yellow",
+    "inconclusive": "yellow",
+    "timed_out": "yellow",
+    "skipped": "dim",
+    "cancelled": "dim",
+}
+"""Colours of self-check states, verdicts and check statuses."""
 
 ByOption = Annotated[
     str | None,
@@ -166,11 +182,13 @@ def show_command(
     timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     output_format: FormatOption = OutputFormat.table,
 ) -> None:
-    """One alert: its fields, evidence, deliveries (outbox) and scheduler actions."""
+    """One alert: its fields, evidence, deliveries (outbox), scheduler actions and the
+    self-checks of its drained node (with the latest report's checks)."""
     with connect(api, token, timeout) as client:
         alert = client.alert(alert_id)
         deliveries = client.deliveries(alert_id=alert["id"], limit=100)
         actions = client.actions(alert_id=alert["id"], limit=100)
+        checks = client.selfchecks(alert_id=alert["id"], limit=SHOWN_SELFCHECKS)
     if output_format is OutputFormat.json:
         print_json(
             {
@@ -179,6 +197,8 @@ def show_command(
                 "deliveries_total": deliveries["total"],
                 "actions": actions["items"],
                 "actions_total": actions["total"],
+                "selfchecks": checks["items"],
+                "selfchecks_total": checks["total"],
             }
         )
         return
@@ -186,6 +206,10 @@ def show_command(
     out.print(_evidence(alert["evidence"]))
     out.print(_deliveries_table(deliveries["items"], deliveries["total"]))
     out.print(_actions_table(actions["items"], actions["total"]))
+    out.print(_selfchecks_table(checks["items"], checks["total"]))
+    reported = [c for c in checks["items"] if c["report"] is not None]
+    if reported:
+        out.print(_report_table(reported[0]))
 
 
 def _details(a: AlertOut) -> Table:
@@ -255,6 +279,59 @@ def _actions_table(rows: list[AuditOut], total: int) -> Table:
             escape(r["mode"]),
             escape(r["outcome"]),
             escape(one_line(r["detail"], 60)),
+        )
+    return table
+
+
+def _styled(value: str | None) -> str:
+    if value is None:
+        return "-"
+    style = CHECK_STYLE.get(value)
+    return f"[{style}]{escape(value)}[/]" if style else escape(value)
+
+
+def _selfchecks_table(rows: list[SelfCheckOut], total: int) -> Table:
+    table = Table(title=f"Self-checks ({total})")
+    for column in ("id", "attempt", "state", "verdict", "reason", "partners"):
+        table.add_column(column, justify="right" if column == "attempt" else "left")
+    for column in ("decided", "started", "finished", "returned"):
+        table.add_column(column)
+    for c in rows:
+        report = c["report"]
+        reason = report["reason"] if report is not None else c["detail"]
+        table.add_row(
+            escape(c["id"]),
+            str(c["attempt"]),
+            _styled(c["state"]),
+            _styled(c["verdict"]),
+            escape(one_line(reason, 60)) or "-",
+            escape(one_line(",".join(c["partners"]), 40)) or "-",
+            when(c["created_ts"]),
+            when(c["started_ts"]),
+            when(c["finished_ts"]),
+            when(c["returned_ts"]),
+        )
+    if not rows:
+        table.add_row("-", "", "none", "", "no self-check of this alert's node", "", "", "", "", "")
+    return table
+
+
+def _report_table(check: SelfCheckOut) -> Table:
+    """The checks of a self-check's report: what each measured, and why one failed."""
+    report = check["report"]
+    assert report is not None
+    table = Table(
+        title=f"Self-check {escape(check['id'])} on {escape(report['node'])}: "
+        f"{_styled(report['verdict'])}"
+    )
+    for column in ("check", "status", "summary", "took"):
+        table.add_column(column, justify="right" if column == "took" else "left")
+    for result in report["checks"]:
+        table.add_row(
+            escape(result["name"]),
+            _styled(result["status"]),
+            escape(one_line(result["summary"], 100)) or "-",
+            f"{result['duration_s']:.1f}s",
         )
     return table
 

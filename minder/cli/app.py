@@ -102,6 +102,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "labels_app",
         "Export reviewed alerts as training labels for minder train --labels.",
     ),
+    "selfcheck": LazyCommand(
+        "minder.cli.selfcheck",
+        "selfcheck_app",
+        "Self-checks of drained nodes: run one on this node; list, show, request (over the API).",
+    ),
 }
 
 

@@ -1,6 +1,7 @@
-"""``minder labels``: turn operators' verdicts on alerts into the labels ``minder train`` reads.
+"""``minder labels``: turn the verdicts on alerts into the labels ``minder train`` reads.
 
-``labels export`` fetches the reviewed alerts from the service's API and writes them with
+``labels export`` fetches the reviewed alerts from the service's API (an operator's verdict:
+resolved, false positive; a self-check's: confirmed, cleared by self-check) and writes them with
 :func:`detectors.alert_labels.export_labels`, whose docstring says which rows each alert gives
 and why the false positives go to a file of their own.
 """
@@ -47,7 +48,8 @@ class LabelEnd(StrEnum):
     that --help need not import it (tests/minder/cli/test_cli_imports.py checks that they agree)."""
 
     resolved = "resolved"
-    """When the operator resolved the alert (its ``updated_at``, wall time)."""
+    """When the verdict was given: the operator resolved the alert, or a self-check confirmed
+    it (its ``updated_at``, wall time)."""
     last_seen = "last-seen"
     """The latest report of the fault (``last_seen_ts``, data time)."""
 
@@ -67,8 +69,8 @@ def export_command(
     end: Annotated[
         LabelEnd,
         typer.Option(
-            help="a fault's end_ts: when it was resolved (live data), or its last report "
-            "(data replayed later, whose timestamps are not wall time)"
+            help="a fault's end_ts: when it was resolved or confirmed (live data), or its last "
+            "report (data replayed later, whose timestamps are not wall time)"
         ),
     ] = LabelEnd.resolved,
     false_positives: Annotated[
@@ -86,9 +88,11 @@ def export_command(
 ) -> None:
     """Write the labels `minder train --labels` reads from reviewed alerts.
 
-    Resolved alerts are confirmed faults: one row each (per machine of a domain alert).
+    Confirmed faults (alerts resolved by an operator, or confirmed by a failed self-check): one
+    row each (per machine of a domain alert).
 
-    False positives go to a file beside it: training takes every --labels row as a fault.
+    False positives (marked so by an operator, or cleared by a passed self-check) go to a file
+    beside it: training takes every --labels row as a fault.
     """
     from detectors import alert_labels  # noqa: PLC0415
     from minder.core.errors import MinderError  # noqa: PLC0415
@@ -99,7 +103,7 @@ def export_command(
         raise fail(exc) from None
     filters: dict[str, Any] = {
         "job": job,
-        "statuses": [alert_labels.RESOLVED, alert_labels.FALSE_POSITIVE],
+        "statuses": list(alert_labels.REVIEWED_STATUSES),
         "since": None if since is None else parse_time(since, "--since"),
         "until": None if until is None else parse_time(until, "--until"),
     }
@@ -127,12 +131,13 @@ def export_command(
         return
     out.print(
         f"wrote {done.rows} label row(s) to {escape(str(output))}: "
-        f"{done.confirmed_faults} confirmed fault(s) (resolved alerts)",
+        f"{done.confirmed_faults} confirmed fault(s) ({done.confirmed_by_selfcheck} by a "
+        "self-check, the others resolved by an operator)",
         soft_wrap=True,
     )
     out.print(
         f"wrote {done.false_positive_rows} row(s) to {escape(str(fp_path))}: "
-        f"{done.false_positives} false positive(s) "
-        "(not training rows: minder train takes every --labels row as a fault)",
+        f"{done.false_positives} false positive(s) ({done.cleared_by_selfcheck} cleared by a "
+        "self-check; not training rows: minder train takes every --labels row as a fault)",
         soft_wrap=True,
     )

@@ -109,6 +109,52 @@ class BreakerOut(TypedDict):
     reset_by: str | None
 
 
+class CheckResultOut(TypedDict):
+    """One check's outcome in a node's report (``CheckResult.to_dict()``)."""
+
+    name: str
+    status: str
+    summary: str
+    measurements: dict[str, Any]
+    duration_s: float
+
+
+class SelfCheckReportOut(TypedDict):
+    """A node's self-check report (``SelfCheckReport.to_dict()``)."""
+
+    schema_version: int
+    check_id: str | None
+    node: str
+    started_ts: float
+    finished_ts: float
+    verdict: str
+    reason: str
+    checks: list[CheckResultOut]
+
+
+class SelfCheckOut(TypedDict):
+    """A self-check the service scheduled on a drained node (``SelfCheckRecord.to_dict()``)."""
+
+    id: str
+    alert_id: str
+    job: str
+    machine: str
+    node: str
+    target: str
+    state: str
+    attempt: int
+    partners: list[str]
+    created_ts: float
+    started_ts: float | None
+    finished_ts: float | None
+    drained_ts: float | None
+    returned_ts: float | None
+    scheduler_ref: str | None
+    detail: str
+    verdict: str | None
+    report: SelfCheckReportOut | None
+
+
 class Page(TypedDict, Generic[T]):
     """One page of a listing, newest first, with the total over all pages."""
 
@@ -373,6 +419,75 @@ class MinderApi:
         """Let Minder act again (needs the token when the API has one; idempotent)."""
         state: BreakerOut = self._request("POST", "/breaker/reset", body={"by": by})
         return state
+
+    # -- self-checks --
+
+    def selfchecks(
+        self,
+        *,
+        states: Sequence[str] = (),
+        node: str | None = None,
+        alert_id: str | None = None,
+        job: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[SelfCheckOut]:
+        """One page of self-checks matching every filter, newest first."""
+        params: Params = [("limit", limit), ("offset", offset)]
+        params += [("state", state) for state in states]
+        filters = (("node", node), ("alert_id", alert_id), ("job", job))
+        params += [(name, value) for name, value in filters if value]
+        page: Page[SelfCheckOut] = self._request("GET", "/selfchecks", params=params)
+        return page
+
+    def iter_selfchecks(
+        self,
+        *,
+        offset: int = 0,
+        page_size: int = MAX_PAGE,
+        on_page: Callable[[int, int], None] | None = None,
+        **filters: Any,
+    ) -> Iterator[SelfCheckOut]:
+        """Every self-check matching ``filters`` (those of :meth:`selfchecks`) from ``offset``
+        on, page after page (``on_page`` as for :meth:`iter_alerts`)."""
+        yield from self._pages(
+            lambda limit, start: self.selfchecks(limit=limit, offset=start, **filters),
+            offset,
+            page_size,
+            on_page,
+        )
+
+    def selfcheck(self, check_id: str) -> SelfCheckOut:
+        """One self-check, with the node's report once it came."""
+        found: SelfCheckOut = self._request(
+            "GET", f"/selfchecks/{_segment(check_id, 'self-check')}"
+        )
+        return found
+
+    def request_selfcheck(self, alert_id: str, by: str) -> SelfCheckOut:
+        """Ask the service to check the node an alert's action drained (needs the token when the
+        API has one); the answer is the new pending check."""
+        created: SelfCheckOut = self._request(
+            "POST", "/selfchecks", body={"alert_id": alert_id, "by": by}
+        )
+        return created
+
+    def cancel_selfcheck(self, check_id: str, by: str | None = None) -> SelfCheckOut:
+        """Stop a pending or running self-check (needs the token when the API has one)."""
+        cancelled: SelfCheckOut = self._request(
+            "POST",
+            f"/selfchecks/{_segment(check_id, 'self-check')}/cancel",
+            body=None if by is None else {"by": by},
+        )
+        return cancelled
+
+    def report_selfcheck(self, check_id: str, report: Mapping[str, Any]) -> SelfCheckOut:
+        """Post a node's report (``SelfCheckReport.to_dict()``); this client's token must be the
+        check's own one-time token, not the API's."""
+        recorded: SelfCheckOut = self._request(
+            "POST", f"/selfchecks/{_segment(check_id, 'self-check')}/report", body=dict(report)
+        )
+        return recorded
 
     # -- plumbing --
 

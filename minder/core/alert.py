@@ -31,31 +31,85 @@ class AlertKind(StrEnum):
 
 
 class AlertStatus(StrEnum):
-    """Life cycle: ``open → acknowledged → resolved | false_positive``."""
+    """Life cycle: ``open → acknowledged → resolved | false_positive``, and a self-check's
+    verdict on a drained node: ``open | acknowledged → confirmed → resolved | false_positive`` or
+    ``open | acknowledged → cleared_by_selfcheck`` (docs/selfcheck.md)."""
 
     OPEN = "open"
     ACKNOWLEDGED = "acknowledged"
     RESOLVED = "resolved"
     FALSE_POSITIVE = "false_positive"
+    CONFIRMED = "confirmed"
+    """A self-check of the alert's drained node failed: the fault is real, the node stays out
+    until a person resolves the alert (which returns it) or marks it a false positive."""
+    CLEARED_BY_SELFCHECK = "cleared_by_selfcheck"
+    """A self-check of the alert's drained node passed and the node was returned (final)."""
 
+
+SERVICE_STATUSES: frozenset[AlertStatus] = frozenset(
+    {AlertStatus.CONFIRMED, AlertStatus.CLEARED_BY_SELFCHECK}
+)
+"""Statuses only Minder's self-check service sets, from a verdict: a person cannot (the API's
+``PATCH`` refuses them)."""
 
 _TRANSITIONS: dict[AlertStatus, frozenset[AlertStatus]] = {
     AlertStatus.OPEN: frozenset(
-        {AlertStatus.ACKNOWLEDGED, AlertStatus.RESOLVED, AlertStatus.FALSE_POSITIVE}
+        {
+            AlertStatus.ACKNOWLEDGED,
+            AlertStatus.RESOLVED,
+            AlertStatus.FALSE_POSITIVE,
+            AlertStatus.CONFIRMED,
+            AlertStatus.CLEARED_BY_SELFCHECK,
+        }
     ),
-    AlertStatus.ACKNOWLEDGED: frozenset({AlertStatus.RESOLVED, AlertStatus.FALSE_POSITIVE}),
+    AlertStatus.ACKNOWLEDGED: frozenset(
+        {
+            AlertStatus.RESOLVED,
+            AlertStatus.FALSE_POSITIVE,
+            AlertStatus.CONFIRMED,
+            AlertStatus.CLEARED_BY_SELFCHECK,
+        }
+    ),
+    # A check an operator asked for after a repair may pass: the node is then returned.
+    AlertStatus.CONFIRMED: frozenset(
+        {AlertStatus.RESOLVED, AlertStatus.FALSE_POSITIVE, AlertStatus.CLEARED_BY_SELFCHECK}
+    ),
     AlertStatus.RESOLVED: frozenset(),
     AlertStatus.FALSE_POSITIVE: frozenset(),
+    AlertStatus.CLEARED_BY_SELFCHECK: frozenset(),
 }
 
 
-def check_transition(current: AlertStatus, new: AlertStatus) -> None:
-    """Refuse a status change the life cycle does not allow."""
-    if new is not current and new not in _TRANSITIONS[current]:
-        allowed = sorted(s.value for s in _TRANSITIONS[current]) or ["none (final status)"]
-        raise ValidationError(
-            f"alert status cannot go from {current.value!r} to {new.value!r}: allowed {allowed}"
-        )
+def allowed_statuses(current: AlertStatus, *, by_service: bool = False) -> list[AlertStatus]:
+    """The statuses an alert in ``current`` may move to: a person's choices, or (``by_service``)
+    the self-check service's too."""
+    return [
+        status
+        for status in AlertStatus
+        if status in _TRANSITIONS[current] and (by_service or status not in SERVICE_STATUSES)
+    ]
+
+
+def check_transition(current: AlertStatus, new: AlertStatus, *, by_service: bool = False) -> None:
+    """Refuse a status change the life cycle does not allow.
+
+    ``by_service`` is True only for the self-check service applying a verdict: without it (a
+    person, through the API or the CLI) ``confirmed`` and ``cleared_by_selfcheck`` are refused.
+    """
+    if new is current:
+        return
+    if new in _TRANSITIONS[current] and (by_service or new not in SERVICE_STATUSES):
+        return
+    allowed = sorted(s.value for s in allowed_statuses(current, by_service=by_service))
+    shown = allowed or ["none (final status)"]
+    why = (
+        " (only Minder's self-check sets it, from its verdict)"
+        if new in SERVICE_STATUSES and not by_service
+        else ""
+    )
+    raise ValidationError(
+        f"alert status cannot go from {current.value!r} to {new.value!r}{why}: allowed {shown}"
+    )
 
 
 def alert_key(job: str, machine: str, kind: AlertKind, metric: str) -> str:
@@ -114,9 +168,10 @@ class Alert:
         """See :func:`alert_key`."""
         return alert_key(self.job, self.machine, self.kind, self.metric)
 
-    def with_status(self, status: AlertStatus) -> Alert:
-        """A copy in ``status``, refusing a transition the life cycle forbids."""
-        check_transition(self.status, status)
+    def with_status(self, status: AlertStatus, *, by_service: bool = False) -> Alert:
+        """A copy in ``status``, refusing a transition the life cycle forbids (see
+        :func:`check_transition` for ``by_service``)."""
+        check_transition(self.status, status, by_service=by_service)
         return replace(self, status=status)
 
     def summary(self) -> dict[str, Any]:

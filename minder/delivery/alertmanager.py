@@ -29,7 +29,10 @@ Annotations (strings, each truncated)
     deviating metric's last value against the peers' median, z and threshold; the rule, its
     code or count; the silent seconds; a domain's members), ``score``, ``onset``, ``detected``,
     ``devices``, ``domain``, ``minder_status``, ``minder_url`` (``<external_url>/api/v1/alerts/
-    <id>``, also the ``generatorURL``) when an external URL is known.
+    <id>``, also the ``generatorURL``) when an external URL is known; once a self-check of the
+    alert's drained node gave its answer, ``selfcheck_verdict``, ``selfcheck_reason``,
+    ``selfcheck_failing``, ``selfcheck_id`` and ``selfcheck_outcome`` (docs/selfcheck.md). A
+    ``confirmed`` alert (its check failed) stays firing; ``cleared_by_selfcheck`` ends it.
 
 Times
     ``startsAt`` is the onset (``alert.first_ts``), RFC 3339 in UTC with milliseconds. The end is
@@ -118,7 +121,11 @@ DESCRIPTION_CHARS: Final = 1000
 ERROR_TEXT_CHARS: Final = 300
 """Longest part of Alertmanager's error text kept in a :class:`DeliveryError`."""
 
-_FINAL_STATUSES: Final = frozenset({AlertStatus.RESOLVED, AlertStatus.FALSE_POSITIVE})
+_FINAL_STATUSES: Final = frozenset(
+    {AlertStatus.RESOLVED, AlertStatus.FALSE_POSITIVE, AlertStatus.CLEARED_BY_SELFCHECK}
+)
+"""Statuses that end the alert in Alertmanager (a confirmed alert stays firing: its node is
+out and the fault is real)."""
 _LABEL_NAME: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 _MEMBERS_SHOWN: Final = 5
@@ -192,6 +199,7 @@ def alert_annotations(alert: Alert, external_url: str | None) -> dict[str, str]:
         "domain": alert.domain,
         "minder_status": alert.status.value,
         "minder_url": alert_url(alert.id, external_url) or "",
+        **_selfcheck_annotations(alert),
     }
     limits = {"description": DESCRIPTION_CHARS}
     return {
@@ -291,7 +299,39 @@ def still_open_payload(
     return payload
 
 
+def _selfcheck(alert: Alert) -> Mapping[str, Any] | None:
+    """The alert's latest self-check verdict (``evidence["selfcheck"]``), if it has one."""
+    found = alert.evidence.get("selfcheck")
+    return found if isinstance(found, Mapping) else None
+
+
+def _selfcheck_annotations(alert: Alert) -> dict[str, str]:
+    """``selfcheck_verdict`` (pass, fail, inconclusive), ``selfcheck_reason``,
+    ``selfcheck_failing`` (the failed checks), ``selfcheck_id`` and ``selfcheck_outcome`` (what
+    was done with the node) of the alert's latest self-check."""
+    check = _selfcheck(alert)
+    if check is None:
+        return {}
+    return {
+        "selfcheck_verdict": _text(check.get("verdict") or check.get("state") or ""),
+        "selfcheck_reason": _text(check.get("reason") or ""),
+        "selfcheck_failing": _text(check.get("failing") or ""),
+        "selfcheck_id": _text(check.get("check_id") or ""),
+        "selfcheck_outcome": _text(check.get("outcome") or ""),
+    }
+
+
 def _summary(alert: Alert) -> str:
+    text = _what(alert)
+    if alert.status is AlertStatus.CONFIRMED:
+        failing = _text((_selfcheck(alert) or {}).get("failing") or "")
+        text += " (confirmed by a self-check" + (f": {failing} failed)" if failing else ")")
+    elif alert.status is AlertStatus.CLEARED_BY_SELFCHECK:
+        text += " (cleared by a self-check: the node was returned)"
+    return text
+
+
+def _what(alert: Alert) -> str:
     where = f" on {_devices(alert.devices)}" if alert.devices else ""
     rule = alert.evidence.get("rule")
     if alert.kind is AlertKind.RULE:
@@ -388,6 +428,11 @@ def _evidence_facts(alert: Alert) -> list[str]:
         facts.append(f"rules {_truncate(_text(ev['member_rules']), 120)}")
     if ev.get("other_metrics"):
         facts.append(f"also {_truncate(_text(ev['other_metrics']), 120)}")
+    check = _selfcheck(alert)
+    if check is not None:
+        verdict = _text(check.get("verdict") or check.get("state") or "no verdict")
+        reason = _truncate(_text(check.get("reason") or ""), 160)
+        facts.append(f"self-check {verdict}" + (f": {reason}" if reason else ""))
     return facts
 
 
@@ -613,14 +658,17 @@ class AlertmanagerSender:
     """Sends outbox events to Alertmanager, and keeps open alerts alive there.
 
     ``alert.opened`` pushes the alert (valid for :data:`DEFAULT_VALID_FOR_S`), the end of an
-    alert (resolved, false positive) pushes it with ``endsAt``; :meth:`refresh` re-sends every open
+    alert (resolved, false positive, cleared by a self-check) pushes it with ``endsAt``; a
+    self-check that confirmed the alert, or gave no verdict (``selfcheck.inconclusive``), pushes
+    it again still firing, with the verdict in its annotations; :meth:`refresh` re-sends every open
     alert (call it every ``refresh_s``), so Alertmanager keeps them while Minder does and ends them
     by itself if Minder stops. A tripped actions breaker is an alert of its own.
     """
 
     destination = "alertmanager"
     events: Final = frozenset(
-        {"alert.opened", "alert.resolved", "alert.false_positive", "breaker.tripped",
+        {"alert.opened", "alert.resolved", "alert.false_positive", "alert.confirmed",
+         "alert.cleared_by_selfcheck", "selfcheck.inconclusive", "breaker.tripped",
          "breaker.reset"}
     )  # fmt: skip
 
@@ -649,7 +697,7 @@ class AlertmanagerSender:
                                                    at=delivery.created_at)])  # fmt: skip
             return
         alert = Alert.from_dict(data["alert"])
-        if delivery.event == "alert.opened":
+        if alert.status not in _FINAL_STATUSES:
             payload = still_open_payload(
                 alert,
                 self.external_url,

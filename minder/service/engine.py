@@ -17,6 +17,7 @@ the API and the gauges say the same.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -28,12 +29,12 @@ from typing import Protocol
 import numpy as np
 from prometheus_client import Gauge
 
-from detectors.base import DetectorFactory, JobDetector
+from detectors.base import DetectorFactory, JobDetector, finish_of
 from detectors.window import NEVER, JobWindow, WindowLimits
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ValidationError
 from minder.core.hang import HangAnalysis
-from minder.core.records import NodeBatch
+from minder.core.records import EventKind, NodeBatch
 from minder.service.admission import (
     CONFIRMED,
     MAX_NODES_KEPT,
@@ -65,6 +66,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+JOB_STOPPED_S = 10.0
+"""Wall seconds (at least three of its sampling intervals, and more than the grace) without a
+batch of a job, while other jobs' batches still arrive, after which its data ended: the detector
+is told once (:func:`detectors.base.finish_of`)."""
 _OPEN_ALERT_QUERIES = 8
 """New jobs in one ingest call whose open alerts are read one query each; more: one query."""
 _NAMING_KINDS = frozenset({AlertKind.RULE.value, AlertKind.SILENCE.value})
@@ -161,6 +166,9 @@ class JobState:
     """The detector's latest hang analysis of the job (None: none made on this worker)."""
     hang_refused: bool = False
     """A malformed hang analysis of the detector was logged (once per job)."""
+    finished: bool = False
+    """Its data ended and the detector was told (:func:`detectors.base.finish_of`): its machines
+    all said goodbye or stopped reporting; a batch that arrives clears it."""
     ended: bool = False
     """Its last machine said goodbye: the job ended (its window is kept for late data until
     ``idle_job_s``; a machine that reports again makes it active)."""
@@ -284,6 +292,8 @@ class DetectionService:
         # Alerts raised while a long ingest call was evaluated part-way (see ingest), returned
         # by the next tick.
         self._caught_up: list[Alert] = []
+        self._last_batch_wall = -math.inf
+        """Wall time of the newest batch placed, of any job: the stream is alive."""
         self.alerts: list[Alert] = []
         """Every new alert this service raised, oldest first (bounded by ``max_kept``)."""
         self.max_kept = 10_000
@@ -355,7 +365,8 @@ class DetectionService:
             state = self.jobs[job]
             window = state.window
             before = window.stats.too_old
-            state.last_batch_wall = now_wall
+            state.last_batch_wall = self._last_batch_wall = now_wall
+            state.finished = False
             state.batches += len(job_batches)
             self._add_to_window(state, job_batches, newest_of[job])
             too_old += window.stats.too_old - before
@@ -380,10 +391,25 @@ class DetectionService:
         return placed
 
     def _add_to_window(self, state: JobState, batches: list[NodeBatch], newest: float) -> None:
-        """Place one job's batches of an ingest call; evaluate part-way through a call whose
-        data spans more than half the job's window (a backlog drained in large polls: a small
-        job's packed batches can fill a poll with minutes of data), so no second falls out of
-        the window before it was evaluated. Alerts raised then come with the next tick."""
+        """Place one job's batches of an ingest call. When they hold the goodbyes of every
+        machine still in the job, the rest is placed first, the job evaluated to its newest
+        second (no late data follows a goodbye) and the detector told its data ended
+        (:meth:`_finish`), before the goodbyes take the machines out of the comparison."""
+        before, goodbyes = self._split_last_goodbyes(state, batches)
+        if not goodbyes:
+            self._place(state, batches, newest)
+            return
+        if before:
+            self._place(state, before, newest)
+        self._caught_up.extend(self._advance(state, final=True))
+        self._caught_up.extend(self._finish(state))
+        state.window.add_batches(goodbyes)
+
+    def _place(self, state: JobState, batches: list[NodeBatch], newest: float) -> None:
+        """Place batches; evaluate part-way through a call whose data spans more than half the
+        job's window (a backlog drained in large polls: a small job's packed batches can fill a
+        poll with minutes of data), so no second falls out of the window before it was
+        evaluated. Alerts raised then come with the next tick."""
         window = state.window
         half = max(1, window.horizon_s // 2)
         base = window.newest_sec if window.newest_sec != NEVER else math.floor(batches[0].ts)
@@ -398,6 +424,35 @@ class DetectionService:
                     self._caught_up.extend(self._advance(state))
                 start, base = i, math.floor(batch.ts)
         window.add_batches(batches[start:])
+
+    @staticmethod
+    def _split_last_goodbyes(
+        state: JobState, batches: list[NodeBatch]
+    ) -> tuple[list[NodeBatch], list[NodeBatch]]:
+        """``(batches, [])``, or, when ``batches`` hold the goodbyes of every machine still in
+        the job, everything but the goodbyes (a goodbye may share its batch with the last data)
+        and the goodbyes alone."""
+        leaving = {b.node for b in batches if any(e.kind is EventKind.LEAVE for e in b.events)}
+        window = state.window
+        active = window.active()
+        if not leaving or not active.any():
+            return batches, []
+        machines = window.machines[: active.shape[0]]
+        if any(active[i] and info.name not in leaving for i, info in enumerate(machines)):
+            return batches, []
+        before, goodbyes = [], []
+        for b in batches:
+            leave = [e for e in b.events if e.kind is EventKind.LEAVE]
+            if not leave:
+                before.append(b)
+                continue
+            rest = [e for e in b.events if e.kind is not EventKind.LEAVE]
+            if b.sample_count or rest or b.flight_recorder:
+                before.append(dataclasses.replace(b, events=rest))
+            goodbyes.append(
+                NodeBatch(b.job, b.node, b.ts, b.interval_s, dict(b.labels), events=leave)
+            )
+        return before, goodbyes
 
     def _refuse_new_job(
         self, batch: NodeBatch, now_wall: float, busy: Collection[str]
@@ -723,7 +778,9 @@ class DetectionService:
                 self.metrics.open_alerts.remove(job, kind)
         self._open_alert_series = keys
 
-    def _advance(self, state: JobState) -> list[Alert]:
+    def _advance(self, state: JobState, *, final: bool = False) -> list[Alert]:
+        """Evaluate the job up to its watermark (``final``: to its newest second, nothing late
+        coming)."""
         window = state.window
         if window.newest_sec == NEVER:
             return []
@@ -733,8 +790,9 @@ class DetectionService:
         # Machines in the job: those that left (a scale-down) must not hold the clock back.
         known = last_seen[window.active()]
         if not known.size:
+            finished = self._finish(state)  # its machines said goodbye: its data ended
             self._no_machine_in(state)
-            return []
+            return finished
         if state.ended:
             state.ended = False
             state.last_departure = ""
@@ -746,7 +804,7 @@ class DetectionService:
         if newest == NEVER:
             return []
         watermark = newest - math.ceil(self.grace_s)
-        if self.clock() - state.last_batch_wall > self.grace_s + 1.0:
+        if final or self.clock() - state.last_batch_wall > self.grace_s + 1.0:
             # Nothing arrived for longer than the grace: nothing late is coming either, so the
             # job's last seconds are evaluated now instead of waiting for data that may never come.
             watermark = newest
@@ -774,17 +832,40 @@ class DetectionService:
                                      window.job[:64], sec, extra={"job": window.job})  # fmt: skip
             self.metrics.evaluation_seconds.observe(time.process_time() - began)
             state.evaluated_sec = sec
-            for alert in raised:
-                stored = self._deliver(alert)
-                if stored is not None:
-                    out.append(stored)
+            out.extend(self._deliver_all(raised))
             if sec - self._last_persist.get(window.job, NEVER) >= self.persist_every_s:
                 self._persist(state, sec)
+        stop_s = max(JOB_STOPPED_S, 3.0 * window.tick_s, self.grace_s + 1.0)
+        now_wall = self.clock()
+        if (
+            start > watermark
+            and now_wall - state.last_batch_wall > stop_s
+            and now_wall - self._last_batch_wall <= stop_s / 2
+        ):
+            # The whole job stopped reporting while the stream still brings other jobs' data:
+            # its data ended. A stream that stalled as a whole (a broker outage, a consumer
+            # rebalance) ends no job.
+            out.extend(self._finish(state))
         if start <= watermark:
             self._job_state(state)
         elif window.membership:  # a goodbye, a return: said now, not at the next evaluation
             self._job_members(state)
         return out
+
+    def _finish(self, state: JobState) -> list[Alert]:
+        """Tell the detector, once, that the job's data ended at its last evaluated second: the
+        alerts of a machine that stopped before the job did (a fail-stop fault that killed it,
+        docs/detection-method.md, "A job whose data ends")."""
+        if state.finished or state.evaluated_sec == NEVER:
+            return []
+        state.finished = True
+        try:
+            raised = finish_of(state.detector, state.window, state.evaluated_sec)
+        except Exception:
+            logger.exception("job %s: detection at the end of its data failed",
+                             state.window.job[:64], extra={"job": state.window.job})  # fmt: skip
+            return []
+        return self._deliver_all(raised)
 
     def _job_state(self, state: JobState) -> None:
         """Log and count the job's membership changes (machines that joined or left: not
@@ -960,6 +1041,15 @@ class DetectionService:
             return False
         kinds = self._open_by_machine.get(alert.job, {}).get(alert.machine)
         return bool(kinds and kinds & _NAMING_KINDS)
+
+    def _deliver_all(self, raised: list[Alert]) -> list[Alert]:
+        """Deliver each alert the detector raised; the new ones, as stored."""
+        out = []
+        for alert in raised:
+            stored = self._deliver(alert)
+            if stored is not None:
+                out.append(stored)
+        return out
 
     def _deliver(self, alert: Alert) -> Alert | None:
         if self._already_alerted(alert):

@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from minder.actions.policy import SelfCheckPolicy
+from minder.actions.selfcheck import LauncherOptions, SelfCheckLauncher
 from minder.api.app import create_app
 from minder.api.server import (
     ApiServer,
@@ -30,15 +32,16 @@ from minder.core.codec import layout_cache
 from minder.core.errors import MinderError
 from minder.core.records import NodeBatch
 from minder.service.admission import JobConfirmations
-from minder.service.delivery import Delivery, build_delivery
+from minder.service.delivery import Delivery, action_policy, build_delivery
 from minder.service.engine import DetectionService
 from minder.service.persistence import StateWriter
 from minder.service.prometheus_source import PrometheusPoller
 from minder.service.runner import DetectionWorker
+from minder.service.selfcheck import SelfCheckMetrics, SelfCheckService
 from minder.service.sinks import SqlStateStore
 from minder.service.source import SOURCES, Source
 from minder.service.telemetry import ServiceMetrics
-from minder.storage.engine import Engine, create_engine_for, session_factory
+from minder.storage.engine import Engine, SessionFactory, create_engine_for, session_factory
 from minder.storage.layouts import SqlLayoutStore
 from minder.storage.migrate import upgrade_database
 from minder.stream.auth import BatchAuthenticator
@@ -87,6 +90,8 @@ class Stack:
     """The store the module-wide decoder's layout cache uses (while Kafka is a source)."""
     confirmations: JobConfirmations | None = None
     """The scheduler's answers for the admission of new jobs (with a scheduler target)."""
+    selfchecks: SelfCheckService | None = None
+    """Self-checks of the drained nodes (``MINDER_SELFCHECK__ENABLED``)."""
     _threads: list[threading.Thread] = field(default_factory=list)
     _api_error: BaseException | None = None
     _stopping: bool = False
@@ -107,6 +112,8 @@ class Stack:
         """
         limits = self._server_limits() if api else None
         self.delivery.start()
+        if self.selfchecks is not None:
+            self.selfchecks.start()
         if self.writer is not None:
             self.writer.start()
         if self.confirmations is not None:
@@ -195,6 +202,8 @@ class Stack:
         self.service.release()
         if self.writer is not None:
             self.writer.close()  # writes the job state still pending
+        if self.selfchecks is not None:
+            self.selfchecks.stop()
         self.delivery.stop()
         if self.engine is not None:
             if self.layout_store is not None and layout_cache().store is self.layout_store:
@@ -210,12 +219,108 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
+def build_selfchecks(
+    settings: Settings,
+    sessions: SessionFactory,
+    delivery: Delivery,
+    registry: CollectorRegistry,
+    *,
+    launcher: SelfCheckLauncher | None = None,
+) -> SelfCheckService:
+    """The self-check service of ``settings.selfcheck`` (enabled), on the actions' scheduler.
+
+    ``launcher`` replaces the one built for the actions target (tests).
+
+    Raises
+    ------
+    MinderError
+        One line naming the setting: no scheduler target, a target that cannot run checks, or
+        a bad self-check setting.
+    """
+    executor = delivery.executor
+    if executor is None:
+        raise MinderError(
+            "self-checks are enabled (MINDER_SELFCHECK__ENABLED=true) without a scheduler target: "
+            "set MINDER_ACTIONS__TARGET to slurm or kubernetes, or turn self-checks off"
+        )
+    sc = settings.selfcheck
+    if launcher is None:
+        # imported only when self-checks are on: the targets' launchers and their clients
+        from minder.actions.selfcheck_targets import build_selfcheck_launcher  # noqa: PLC0415
+
+        options = LauncherOptions(
+            check_user=sc.check_user,
+            image=sc.image,
+            namespace=sc.namespace,
+            master_port=sc.master_port,
+            partition=sc.partition,
+            sbatch_args=tuple(sc.sbatch_args),
+        )
+        try:
+            launcher = build_selfcheck_launcher(executor.actuator, options)
+        except ValueError as exc:
+            raise MinderError(f"MINDER_SELFCHECK__*: {exc}") from None
+        if launcher is None:
+            raise MinderError(
+                f"self-checks are enabled (MINDER_SELFCHECK__ENABLED=true) but the actions target "
+                f"{executor.target!r} (MINDER_ACTIONS__TARGET) cannot run them: expected slurm or "
+                "kubernetes, or turn self-checks off"
+            )
+    assert sc.report_url is not None  # SelfCheckSettings requires it when enabled
+    kinds = sc.kinds if sc.kinds is not None else list(settings.actions.act_on)
+    policy = SelfCheckPolicy(
+        report_url=sc.report_url,
+        enforce=settings.actions.enforce,
+        kinds=frozenset(kinds),
+        max_concurrent=sc.max_concurrent,
+        timeout_s=sc.timeout_s,
+        retries=sc.retries,
+        max_failures_per_node=sc.max_failures_per_node,
+        partners=sc.partners,
+        command=tuple(sc.command),
+        ready_timeout_s=sc.ready_timeout_s,
+        report_grace_s=sc.report_grace_s,
+        interval_s=sc.interval_s,
+    )
+    service = SelfCheckService(
+        launcher,
+        policy,
+        action_policy(settings),
+        sessions,
+        destinations=delivery.destinations,
+        metrics=SelfCheckMetrics(registry),
+        on_enqueued=delivery.hub.wake,
+    )
+    executor.on_applied = service.wake  # a node just drained: decide its check now
+    logger.warning(
+        "self-checks of drained nodes on %s: %s (kinds %s, at most %d at once, reports to %s)",
+        launcher.name,
+        "enforcing" if policy.enforce else "dry run (MINDER_ACTIONS__ENFORCE is false)",
+        ", ".join(sorted(policy.kinds)) or "none",
+        policy.max_concurrent,
+        policy.report_url,
+    )
+    return service
+
+
+def selfcheck_wake_of(selfchecks: SelfCheckService | None) -> Callable[[], None] | None:
+    """The API's hook to the self-check service: its ``wake``, or None when no enforcing service
+    runs (self-checks disabled, or a dry run). None also tells the API to refuse an operator's
+    request for a check (``POST /api/v1/selfchecks``): nothing would launch it. In a dry run the
+    service still follows the checks launched before to their end: their reports are taken and
+    found at its next pass (every ``interval_s``)."""
+    if selfchecks is None or not selfchecks.policy.enforce:
+        return None
+    return selfchecks.wake
+
+
 def build_stack(
     settings: Settings,
     registry: CollectorRegistry | None = None,
     *,
     actuator: object | None = None,
     source: Source = "kafka",
+    selfcheck_launcher: SelfCheckLauncher | None = None,
 ) -> Stack:
     """Connect storage and the metrics source(s) per ``settings`` and wire the service together.
 
@@ -223,7 +328,8 @@ def build_stack(
     polled every step), or from both; alerts are published on Kafka when Kafka is a source
     (or ``kafka.publish_alerts`` says so), and go to the store, webhooks, Alertmanager and the
     scheduler in every case.
-    ``actuator`` replaces the configured scheduler target (tests).
+    ``actuator`` replaces the configured scheduler target (tests), ``selfcheck_launcher`` the
+    self-check launcher built for it (tests; used when ``settings.selfcheck.enabled``).
     """
     if source not in SOURCES:
         raise MinderError(f"source {source!r}: expected one of {', '.join(SOURCES)}")
@@ -264,6 +370,16 @@ def build_stack(
     except Exception:
         engine.dispose()
         raise
+    selfchecks: SelfCheckService | None = None
+    if settings.selfcheck.enabled:
+        try:
+            selfchecks = build_selfchecks(
+                settings, sessions, delivery, metrics.registry, launcher=selfcheck_launcher
+            )
+        except Exception:
+            delivery.stop()
+            engine.dispose()
+            raise
     store = SqlStateStore(sessions, delivery.destinations, on_enqueued=delivery.hub.wake)
     # Job state (machines, current scores) is written by a thread of its own, never in the
     # poll loop, and only for the machines that changed.
@@ -345,6 +461,7 @@ def build_stack(
         whatif_workers=settings.whatif.workers,
         destinations=delivery.destinations,
         on_enqueued=delivery.hub.wake,
+        selfcheck_wake=selfcheck_wake_of(selfchecks),
     )
     return Stack(
         settings,
@@ -358,4 +475,5 @@ def build_stack(
         writer=writer,
         layout_store=layout_store,
         confirmations=confirmations,
+        selfchecks=selfchecks,
     )

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from minder.storage.alerts import (
     ACTIVE_STATUSES,
+    CLOSED_STATUSES,
     MAX_PAGE,
     StatusTransitionError,
     allowed_transitions,
@@ -75,6 +76,15 @@ from minder.storage.records import (
     WhatIfSummary,
     parse_status,
 )
+from minder.storage.selfchecks import (
+    accept_report,
+    cancel_selfcheck,
+    create_selfcheck,
+    get_selfcheck,
+    latest_selfcheck_for_alert,
+    list_selfchecks,
+    request_selfcheck,
+)
 from minder.storage.whatif import (
     create_report,
     fail_report,
@@ -87,6 +97,7 @@ from minder.storage.whatif import (
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "CLOSED_STATUSES",
     "MAX_PAGE",
     "AlertRecord",
     "HangRecord",
@@ -106,13 +117,16 @@ __all__ = [
     "WhatIfRecord",
     "WhatIfStatus",
     "WhatIfSummary",
+    "accept_report",
     "alembic_config",
     "allowed_transitions",
+    "cancel_selfcheck",
     "count_active_alerts",
     "count_active_alerts_by_machine",
     "count_job_findings",
     "create_engine_for",
     "create_report",
+    "create_selfcheck",
     "current_revisions",
     "current_scores",
     "database_status",
@@ -123,13 +137,16 @@ __all__ = [
     "get_hang_analysis",
     "get_job",
     "get_report",
+    "get_selfcheck",
     "head_revisions",
+    "latest_selfcheck_for_alert",
     "list_alert_records",
     "list_alerts",
     "list_job_findings",
     "list_jobs",
     "list_machines",
     "list_reports",
+    "list_selfchecks",
     "load_layout",
     "mark_running",
     "normalise_url",
@@ -139,6 +156,7 @@ __all__ = [
     "parse_whatif_status",
     "record_alert",
     "report_job_states",
+    "request_selfcheck",
     "save_hang_analysis",
     "save_job_findings",
     "save_layout",

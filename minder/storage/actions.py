@@ -181,6 +181,50 @@ def machines_acted_on(
     return {(j, m) for j, m in session.execute(query.distinct())}
 
 
+def alerts_acted_on(session: Session, *, since: float, operation: str) -> set[str]:
+    """Distinct alert ids an apply of ``operation`` acted on (or would have, in dry run) since
+    ``since``: the circuit breaker does not count again the return of a node whose drain for
+    the same alert it counts already."""
+    query = select(ActionAuditRow.alert_id).where(
+        ActionAuditRow.created_at >= since,
+        ActionAuditRow.operation == operation,
+        ActionAuditRow.outcome.in_([o.value for o in ACTED]),
+    )
+    return {a for a in session.scalars(query.distinct()) if a is not None}
+
+
+RESUME_OPERATION = "selfcheck_resume"
+"""The audit operation of a node returned to scheduling after its self-check passed."""
+
+
+def alerts_resumed(
+    session: Session, *, since: float, job: str | None = None
+) -> set[tuple[str | None, str | None]]:
+    """Distinct ``(job, alert_id)`` whose node a passed self-check returned (or started to
+    return) since ``since``: the circuit breaker counts each such return, as it counts drains
+    (a node that flaps between a fault and a passed check is one return per alert)."""
+    query = select(ActionAuditRow.job, ActionAuditRow.alert_id).where(
+        ActionAuditRow.created_at >= since,
+        ActionAuditRow.operation == RESUME_OPERATION,
+        ActionAuditRow.outcome.in_(
+            [ActionOutcomeKind.STARTED.value, ActionOutcomeKind.APPLIED.value]
+        ),
+    )
+    if job is not None:
+        query = query.where(ActionAuditRow.job == job)
+    return {(j, a) for j, a in session.execute(query.distinct())}
+
+
+def audited(session: Session, alert_id: str, operation: str) -> bool:
+    """Whether the audit trail has a row of ``operation`` for ``alert_id``."""
+    found = session.scalar(
+        select(ActionAuditRow.id)
+        .where(ActionAuditRow.alert_id == alert_id, ActionAuditRow.operation == operation)
+        .limit(1)
+    )
+    return found is not None
+
+
 def apply_modes(session: Session, alert_id: str, operation: str) -> set[str]:
     """Modes (``enforce``, ``dry_run``) in which an apply was attempted for ``alert_id``."""
     query = select(ActionAuditRow.mode).where(

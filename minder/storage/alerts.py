@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from minder.core.alert import Alert, AlertKind, AlertStatus, check_transition
+from minder.core.alert import Alert, AlertKind, AlertStatus, allowed_statuses, check_transition
 from minder.core.errors import NotFoundError, ValidationError
 from minder.storage.jsonsafe import json_safe
 from minder.storage.models import AlertRow
@@ -25,8 +25,24 @@ from minder.storage.records import AlertRecord, parse_status
 
 logger = logging.getLogger(__name__)
 
-ACTIVE_STATUSES: tuple[AlertStatus, ...] = (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED)
-"""Statuses under which an alert still absorbs new reports of its key."""
+ACTIVE_STATUSES: tuple[AlertStatus, ...] = (
+    AlertStatus.OPEN,
+    AlertStatus.ACKNOWLEDGED,
+    AlertStatus.CONFIRMED,
+)
+"""Statuses under which an alert still absorbs new reports of its key (a confirmed fault is real
+and its node stays out: it is active until a person closes it)."""
+
+CLOSED_STATUSES: tuple[AlertStatus, ...] = (
+    AlertStatus.RESOLVED,
+    AlertStatus.FALSE_POSITIVE,
+    AlertStatus.CLEARED_BY_SELFCHECK,
+)
+"""Final statuses: the alert ended (by a person, or by a self-check that returned the node)."""
+
+SELFCHECK_EVIDENCE = "selfcheck"
+"""The key of an alert's evidence that holds its latest self-check's verdict (kept when a
+higher-scored report replaces the rest of the evidence)."""
 
 MAX_PAGE = 500
 """Largest ``limit`` :func:`list_alerts` accepts."""
@@ -44,27 +60,25 @@ class StatusTransitionError(ValidationError):
     """
 
     def __init__(
-        self, alert_id: str, current: AlertStatus, requested: AlertStatus, message: str
+        self,
+        alert_id: str,
+        current: AlertStatus,
+        requested: AlertStatus,
+        message: str,
+        *,
+        by_service: bool = False,
     ) -> None:
         super().__init__(f"alert {alert_id!r}: {message}")
         self.alert_id = alert_id
         self.current = current
         self.requested = requested
-        self.allowed = allowed_transitions(current)
+        self.allowed = allowed_transitions(current, by_service=by_service)
 
 
-def allowed_transitions(current: AlertStatus) -> list[AlertStatus]:
-    """The statuses an alert in ``current`` may move to, per :func:`check_transition`."""
-    allowed = []
-    for candidate in AlertStatus:
-        if candidate is current:
-            continue
-        try:
-            check_transition(current, candidate)
-        except ValidationError:
-            continue
-        allowed.append(candidate)
-    return allowed
+def allowed_transitions(current: AlertStatus, *, by_service: bool = False) -> list[AlertStatus]:
+    """The statuses an alert in ``current`` may move to, per :func:`check_transition`: a
+    person's choices, or (``by_service``) the self-check service's too."""
+    return allowed_statuses(current, by_service=by_service)
 
 
 def record_alert(
@@ -73,11 +87,12 @@ def record_alert(
     """Store ``alert``, or fold it into the alert that already describes the same fault.
 
     The fault is already known when an alert with the same ``id`` exists (whatever its status: a
-    replayed report of a closed fault stays closed), or when an open or acknowledged alert has the
-    same :func:`~minder.core.alert.alert_key`. Then that alert keeps its id, ``first_ts``,
-    ``detected_ts`` and status, and gets: ``score`` = the max of both (``evidence`` follows the
-    higher score), ``last_seen_ts`` = the latest, ``occurrences`` + 1, the union of ``devices``,
-    and ``domain`` if it had none. A resolved alert never absorbs a report under a new id: that is
+    replayed report of a closed fault stays closed), or when an active alert (open, acknowledged
+    or confirmed) has the same :func:`~minder.core.alert.alert_key`. Then that alert keeps its
+    id, ``first_ts``, ``detected_ts`` and status, and gets: ``score`` = the max of both
+    (``evidence`` follows the higher score, but a self-check's verdict in it stays),
+    ``last_seen_ts`` = the latest, ``occurrences`` + 1, the union of ``devices``, and ``domain``
+    if it had none. A resolved alert never absorbs a report under a new id: that is
     a new fault and a new alert.
 
     Parameters
@@ -165,7 +180,9 @@ def _absorb(
 ) -> None:
     if alert.score > row.score:
         row.score = float(alert.score)
-        row.evidence = evidence
+        kept = row.evidence.get(SELFCHECK_EVIDENCE) if isinstance(row.evidence, dict) else None
+        # the detector's evidence follows the higher score; a self-check's verdict stays
+        row.evidence = evidence if kept is None else {**evidence, SELFCHECK_EVIDENCE: kept}
     row.last_seen_ts = max(row.last_seen_ts, seen_ts)
     row.occurrences = row.occurrences + 1
     new_devices = [d for d in alert.devices if d not in row.devices]
@@ -319,7 +336,8 @@ def list_alerts(
 
 
 def open_alerts(session: Session, job: str | None = None) -> list[Alert]:
-    """Every open or acknowledged alert (of ``job``), newest detected first."""
+    """Every active alert (open, acknowledged or confirmed: :data:`ACTIVE_STATUSES`) of ``job``,
+    newest detected first."""
     query = select(AlertRow).where(AlertRow.status.in_(ACTIVE_STATUSES))
     if job is not None:
         query = query.where(AlertRow.job == job)
@@ -343,31 +361,58 @@ def set_alert_status(session: Session, alert_id: str, status: AlertStatus | str)
 
 
 def transition_alert_status(
-    session: Session, alert_id: str, status: AlertStatus | str
+    session: Session,
+    alert_id: str,
+    status: AlertStatus | str | None,
+    *,
+    by_service: bool = False,
+    evidence: dict[str, Any] | None = None,
 ) -> tuple[Alert, AlertStatus]:
     """:func:`set_alert_status`, also returning the status before, read under the row's lock (two
-    concurrent identical changes: one sees the change, the other sees nothing to do)."""
-    requested = parse_status(status)
+    concurrent identical changes: one sees the change, the other sees nothing to do).
+
+    Parameters
+    ----------
+    status
+        The new status; None keeps the current one (to change the evidence only).
+    by_service
+        True only for the self-check service applying a verdict: it may set ``confirmed`` and
+        ``cleared_by_selfcheck``, which a person may not (:func:`check_transition`).
+    evidence
+        Keys to set in the alert's evidence with the change (the self-check's verdict under
+        :data:`SELFCHECK_EVIDENCE`); JSON data only.
+    """
     row = _get_row(session, alert_id, for_update=True)
     current = AlertStatus(row.status)
+    requested = current if status is None else parse_status(status)
     try:
-        check_transition(current, requested)
+        check_transition(current, requested, by_service=by_service)
     except ValidationError as exc:
-        raise StatusTransitionError(alert_id, current, requested, str(exc)) from None
+        raise StatusTransitionError(
+            alert_id, current, requested, str(exc), by_service=by_service
+        ) from None
+    changed = False
+    if evidence:
+        # a new dict object: the JSON column only notices reassignment
+        row.evidence = {**dict(row.evidence), **json_safe(evidence, "evidence")}
+        changed = True
     if requested is not current:
         row.status = requested.value
+        changed = True
+        logger.info("alert %s: %s -> %s", alert_id, current.value, requested.value)
+    if changed:
         row.updated_at = time.time()
         session.flush()
-        logger.info("alert %s: %s -> %s", alert_id, current.value, requested.value)
     return _to_alert(row), current
 
 
 def closed_alerts_since(session: Session, since: float, limit: int = 10_000) -> list[Alert]:
-    """Alerts resolved or dismissed (wall time) at or after ``since``, newest first."""
+    """Alerts resolved, dismissed or cleared by a self-check (wall time) at or after ``since``,
+    newest first."""
     query = (
         select(AlertRow)
         .where(
-            AlertRow.status.in_([AlertStatus.RESOLVED.value, AlertStatus.FALSE_POSITIVE.value]),
+            AlertRow.status.in_([s.value for s in CLOSED_STATUSES]),
             AlertRow.updated_at >= since,
         )
         .order_by(AlertRow.updated_at.desc())
@@ -379,7 +424,7 @@ def closed_alerts_since(session: Session, since: float, limit: int = 10_000) -> 
 def count_active_alerts_by_machine(
     session: Session, job: str | None = None
 ) -> dict[tuple[str, str, str], int]:
-    """Open or acknowledged alerts per ``(job, machine, kind)`` (of ``job``, or of every job)."""
+    """Active alerts per ``(job, machine, kind)`` (of ``job``, or of every job)."""
     query = (
         select(AlertRow.job, AlertRow.machine, AlertRow.kind, func.count())
         .where(AlertRow.status.in_(ACTIVE_STATUSES))
@@ -391,7 +436,7 @@ def count_active_alerts_by_machine(
 
 
 def count_active_alerts(session: Session, jobs: Sequence[str] | None = None) -> dict[str, int]:
-    """Open or acknowledged alerts per job (of ``jobs``, or of every job)."""
+    """Active alerts (:data:`ACTIVE_STATUSES`) per job (of ``jobs``, or of every job)."""
     query = (
         select(AlertRow.job, func.count())
         .where(AlertRow.status.in_(ACTIVE_STATUSES))

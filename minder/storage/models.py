@@ -20,6 +20,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -306,3 +307,55 @@ class WireLayoutRow(Base):
     # the definition as the wire carries it ("layout_def"); plain JSON, read whole only
     definition: Mapped[dict[str, Any]] = mapped_column(JSON)
     first_seen_at: Mapped[float] = mapped_column(Double)
+
+
+SELFCHECK_STATES = ("pending", "running", "passed", "failed", "inconclusive", "timed_out",
+                    "cancelled")  # fmt: skip
+"""Every state of a self-check (:class:`minder.core.selfcheck.SelfCheckState`)."""
+
+
+class SelfCheckRow(Base):
+    """One self-check of a node Minder drained (:class:`minder.core.selfcheck.SelfCheckRecord`),
+    from the service's decision to the consequences of its verdict (``applied_ts``).
+
+    The check's one-time token is kept only as its SHA-256 (``token_sha256``); ``claimed_until``
+    is a short lease of the service replica that is acting on the row's scheduler side, so two
+    replicas never launch or release the same check at once.
+    """
+
+    __tablename__ = "selfchecks"
+    __table_args__ = (
+        CheckConstraint(
+            "state IN ({})".format(", ".join(f"'{s}'" for s in SELFCHECK_STATES)), name="state"
+        ),
+        # one check per attempt of an alert: two replicas deciding the same check insert once
+        UniqueConstraint("alert_id", "attempt"),
+        # the service's passes (by state), the API's lists (newest first, per node or alert)
+        Index("ix_selfchecks_state_created_ts", "state", "created_ts"),
+        Index("ix_selfchecks_node_created_ts", "node", "created_ts"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    alert_id: Mapped[str] = mapped_column(String(64), index=True)
+    job: Mapped[str] = mapped_column(String(255))
+    machine: Mapped[str] = mapped_column(String(255))
+    node: Mapped[str] = mapped_column(String(255))
+    target: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer)
+    partners: Mapped[list[str]] = mapped_column(JSON)
+    created_ts: Mapped[float] = mapped_column(Double, index=True)
+    started_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    finished_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    drained_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    returned_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    applied_ts: Mapped[float | None] = mapped_column(Double, nullable=True)
+    """When the service applied the verdict's consequences (node, alert); None until then."""
+    scheduler_ref: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    # plain JSON, read whole only (SelfCheckReport.to_dict)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    token_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    requested_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    claimed_until: Mapped[float] = mapped_column(Double, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Double)

@@ -1,6 +1,7 @@
 """The outbox: alert events and actions to deliver, written in the alert's own transaction.
 
-An alert transition (opened, acknowledged, resolved, false positive) and the actions it calls for
+An alert transition (opened, acknowledged, resolved, false positive, and a self-check's
+confirmed or cleared_by_selfcheck) and the actions it calls for
 are rows of ``outbox``, one per destination, added by :func:`enqueue` in the same database
 transaction that records the transition. Delivery workers (``minder.delivery``) then
 :func:`claim_due` rows, deliver them and :func:`mark_delivered` or :func:`mark_failed` them. A
@@ -30,7 +31,12 @@ from sqlalchemy.orm import Session, aliased
 
 from minder.core.alert import Alert, AlertStatus
 from minder.core.errors import ValidationError
-from minder.storage.alerts import record_alert, transition_alert_status
+from minder.storage.alerts import (
+    ACTIVE_STATUSES,
+    SELFCHECK_EVIDENCE,
+    record_alert,
+    transition_alert_status,
+)
 from minder.storage.jsonsafe import json_safe
 from minder.storage.models import OutboxRow
 
@@ -60,6 +66,13 @@ class AlertEvent(StrEnum):
     ACKNOWLEDGED = "alert.acknowledged"
     RESOLVED = "alert.resolved"
     FALSE_POSITIVE = "alert.false_positive"
+    CONFIRMED = "alert.confirmed"
+    """A self-check of the alert's drained node failed: the node stays out."""
+    CLEARED_BY_SELFCHECK = "alert.cleared_by_selfcheck"
+    """A self-check of the alert's drained node passed: the node was returned."""
+    SELFCHECK_INCONCLUSIVE = "selfcheck.inconclusive"
+    """A self-check gave no verdict (crashed, timed out, no slot or node in time) and no retry is
+    left, or a passed check could not return the node: it stays out, a person decides."""
     BREAKER_TRIPPED = "breaker.tripped"
     BREAKER_RESET = "breaker.reset"
 
@@ -69,6 +82,8 @@ EVENT_OF_STATUS: dict[AlertStatus, AlertEvent] = {
     AlertStatus.ACKNOWLEDGED: AlertEvent.ACKNOWLEDGED,
     AlertStatus.RESOLVED: AlertEvent.RESOLVED,
     AlertStatus.FALSE_POSITIVE: AlertEvent.FALSE_POSITIVE,
+    AlertStatus.CONFIRMED: AlertEvent.CONFIRMED,
+    AlertStatus.CLEARED_BY_SELFCHECK: AlertEvent.CLEARED_BY_SELFCHECK,
 }
 """The event each alert status is reached by."""
 
@@ -243,20 +258,8 @@ def change_alert_status(
     (none when the status does not change), in the caller's transaction."""
     after, before = transition_alert_status(session, alert_id, status)
     if after.status is not before:
-        if after.status not in (AlertStatus.OPEN, AlertStatus.ACKNOWLEDGED):
-            # The alert ended: an action still held back for it (a similarity alert's hold) is
-            # due now, so the executor records at once that there is nothing to do, and the
-            # end's own rows do not wait behind it.
-            session.execute(
-                update(OutboxRow)
-                .where(
-                    OutboxRow.alert_id == alert_id,
-                    OutboxRow.status == DeliveryStatus.PENDING.value,
-                    OutboxRow.attempts == 0,
-                    OutboxRow.next_attempt_at > (time.time() if now is None else now),
-                )
-                .values(next_attempt_at=time.time() if now is None else now)
-            )
+        if after.status not in ACTIVE_STATUSES:
+            _release_held(session, alert_id, time.time() if now is None else now)
         enqueue(
             session,
             destinations,
@@ -265,6 +268,67 @@ def change_alert_status(
             alert=after,
             now=now,
         )
+    return after
+
+
+def _release_held(session: Session, alert_id: str, now: float) -> None:
+    """The alert ended: an action still held back for it (a similarity alert's hold) is due now,
+    so the executor records at once that there is nothing to do, and the end's own rows do not
+    wait behind it."""
+    session.execute(
+        update(OutboxRow)
+        .where(
+            OutboxRow.alert_id == alert_id,
+            OutboxRow.status == DeliveryStatus.PENDING.value,
+            OutboxRow.attempts == 0,
+            OutboxRow.next_attempt_at > now,
+        )
+        .values(next_attempt_at=now)
+    )
+
+
+def record_selfcheck_verdict(
+    session: Session,
+    alert_id: str,
+    status: AlertStatus | None,
+    evidence: Mapping[str, Any],
+    destinations: Sequence[Destination],
+    *,
+    event: AlertEvent,
+    now: float | None = None,
+) -> Alert:
+    """Apply a self-check's verdict to its alert, with its event rows, in the caller's
+    transaction: the service's own change (a person cannot set these statuses).
+
+    The alert's ``evidence["selfcheck"]`` becomes ``evidence``, and ``status`` (``confirmed``,
+    ``cleared_by_selfcheck``; None: unchanged, for an inconclusive check) is set. The event
+    (``alert.confirmed``, ``alert.cleared_by_selfcheck``, ``selfcheck.inconclusive``) is written
+    even when the status stays (a check an operator asked for that fails again is news too), with
+    ``data`` = the alert, ``previous_status``, ``changed_by`` (``selfcheck``) and ``selfcheck``.
+
+    Raises
+    ------
+    NotFoundError
+        No alert has that id.
+    StatusTransitionError
+        The alert's status does not allow ``status`` (it was closed meanwhile).
+    """
+    data = json_safe(dict(evidence), "self-check evidence")
+    after, before = transition_alert_status(
+        session, alert_id, status, by_service=True, evidence={SELFCHECK_EVIDENCE: data}
+    )
+    if after.status is not before and after.status not in ACTIVE_STATUSES:
+        _release_held(session, alert_id, time.time() if now is None else now)
+    enqueue(
+        session,
+        destinations,
+        event=event,
+        data=alert_event_data(
+            after, previous_status=before.value, changed_by="selfcheck", selfcheck=data
+        ),
+        alert=after,
+        now=now,
+    )
     return after
 
 

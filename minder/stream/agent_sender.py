@@ -33,7 +33,7 @@ from kafka.errors import (
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import METRICS_TOPIC
 from minder.core.signing import Signer
-from minder.stream.producer import close_producer
+from minder.stream.closing import close_producer
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)

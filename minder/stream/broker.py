@@ -2,7 +2,9 @@
 
 Tansu keeps everything in memory (``memory://`` storage), so a stopped broker has lost its
 topics, messages and committed offsets; a restart on the same port gives clients an empty cluster
-at the same address, which is what the agent's reconnect tests need.
+at the same address, which is what the agent's reconnect tests need. Each start therefore gets a
+cluster id of its own (``--cluster-id``): a consumer that sees the id change knows its positions
+belong to logs that are gone (:class:`~minder.stream.consumer.BatchConsumer`).
 
 The broker dies with the process that started it, even a ``SIGKILL``-ed one: on Linux it is
 forked with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) from a thread that lives
@@ -21,6 +23,7 @@ import ctypes
 import logging
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,6 +42,7 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 from minder.core.errors import BrokerError
+from minder.stream.closing import close_client
 from minder.stream.topics import create_missing_topics, validate_topics
 
 logger = logging.getLogger(__name__)
@@ -297,6 +301,8 @@ class EmbeddedBroker:
         self._topics = dict(topics or {})
         validate_topics(self._topics)
         self._process: subprocess.Popen[bytes] | None = None
+        self.cluster_id: str | None = None
+        """The cluster id of the running broker (a new one at each start; None when stopped)."""
         self._log_file: IO[bytes] | None = None
         self._log_start = 0  # offset in the log where the current run's output begins
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], EmbeddedBroker] | None = None
@@ -350,8 +356,15 @@ class EmbeddedBroker:
             self._reap_left_behind_broker()
         log_file = self._open_log()
         url = f"tcp://{self._host}:{self._port}"
+        self.cluster_id = f"minder-{secrets.token_hex(6)}"
         command = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
-        logger.info("starting Tansu broker on %s (log: %s)", self.bootstrap, self._log_path)
+        command += ["--cluster-id", self.cluster_id]
+        logger.info(
+            "starting Tansu broker %s on %s (log: %s)",
+            self.cluster_id,
+            self.bootstrap,
+            self._log_path,
+        )
         environment = {**os.environ, OWNER_ENV: str(os.getpid())}
         preexec = _die_with_parent()
         try:
@@ -370,6 +383,7 @@ class EmbeddedBroker:
                 )
             )
         except OSError as exc:
+            self.cluster_id = None
             self._close_log()
             raise BrokerError(f"cannot run the Tansu binary {binary!r}: {exc}") from exc
         self._finalizer = weakref.finalize(self, _kill_process, self._process)
@@ -401,6 +415,7 @@ class EmbeddedBroker:
             self._finalizer.detach()
             self._finalizer = None
         self._process = None
+        self.cluster_id = None
         self._close_log()
 
     def restart(self) -> Self:
@@ -555,4 +570,4 @@ class EmbeddedBroker:
             # reconnect after a restart touch a topic and Tansu auto-creates it.
             create_missing_topics(admin, self._topics, timeout_ms=timeout_ms)
         finally:
-            admin.close()
+            close_client(admin)

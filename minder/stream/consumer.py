@@ -15,8 +15,10 @@ seeks back to the first message of the poll, so the next poll delivers the same 
 A crash between handling and committing, or a rebalance that moves a partition to another
 worker, also redelivers them: after every rebalance each partition resumes from the group's
 committed offset (kafka-python alone would keep the old position of a partition it keeps, which
-skips messages when a memory-only broker restarted empty). Handlers must therefore tolerate
-seeing a batch twice (docs/architecture.md §3.3: samples may be late or duplicated). A
+skips messages when a memory-only broker restarted empty), and when the brokers answer with a
+new cluster id (a cluster formatted anew, as the embedded broker is at each start) every
+assigned partition starts again from the beginning of its new log. Handlers must therefore
+tolerate seeing a batch twice (docs/architecture.md §3.3: samples may be late or duplicated). A
 message dead-lettered in a poll that is then redelivered is not dead-lettered twice by the same
 consumer (unless a rebalance came in between).
 
@@ -49,6 +51,7 @@ from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import DEADLETTER_TOPIC, METRICS_TOPIC, NodeBatch
 from minder.core.signing import AuthError
 from minder.stream.auth import BatchAuthenticator
+from minder.stream.closing import close_client
 from minder.stream.deadletter import (
     REASON_CLASSES,
     HandlerError,
@@ -64,6 +67,9 @@ if TYPE_CHECKING:
     from minder.config import KafkaSettings
 
 logger = logging.getLogger(__name__)
+
+MAX_ID_CHARS = 64
+"""A cluster id the brokers send is cut to this length in the log."""
 
 BatchHandler = Callable[[list[NodeBatch]], object]
 """Receives the good batches of one poll; its return value is ignored, raising means retry."""
@@ -139,6 +145,10 @@ class ConsumerStats:
         again after a rebalance or a restart counts it again.
     assigned_partitions
         Partitions this consumer owns now.
+    cluster_changes
+        Times the brokers answered with a new cluster id (a cluster formatted anew under a new
+        id): every assigned partition was read again from the start of its new log (from its
+        end with ``auto_offset_reset="latest"``).
     """
 
     polls: int = 0
@@ -159,6 +169,7 @@ class ConsumerStats:
     last_batch_ts: float | None = None
     backlog_messages: int = 0
     assigned_partitions: int = 0
+    cluster_changes: int = 0
     backlog_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     offset_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     decode_failures_by_reason: Counter[str] = field(
@@ -305,6 +316,9 @@ class BatchConsumer:
         self._offsets: dict[TopicPartition, int] = {}  # next offset to hand over, when known
         self._refused: Counter[str] = Counter()  # decode failures per reason class, for logging
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
+        self._cluster_id: str | None = None  # of the brokers this member last read from
+        self._clusters_seen: set[str] = set()
+        self._flip_logged = False
         self._auto_offset_reset = auto_offset_reset
         self._closed = False
         self.authenticator = authenticator
@@ -348,7 +362,7 @@ class BatchConsumer:
                 **connection,
             )
         except KafkaError as exc:
-            self._consumer.close(autocommit=False)
+            close_client(self._consumer, autocommit=False)
             raise BrokerError(
                 f"cannot connect the dead-letter producer to {bootstrap!r}: {exc!r}"
             ) from exc
@@ -395,6 +409,11 @@ class BatchConsumer:
             )
         except KafkaError as exc:
             raise BrokerError(f"polling {self.topic!r} failed: {exc!r}") from exc
+        cluster_id = self._new_cluster()
+        if cluster_id is not None:
+            # Read at positions in logs that are gone: read again from the start of the new ones.
+            self._start_again(cluster_id)
+            fetched = {}
         if self._reposition:
             repositioned = self._resume_from_committed()
             # Fetched from the positions held before the rebalance: fetched again after the seek.
@@ -732,6 +751,70 @@ class BatchConsumer:
         }
         self.stats.backlog_messages = sum(self._backlog.values())
 
+    def _new_cluster(self) -> str | None:
+        """The cluster id the brokers now answer with, when it is new: a cluster whose storage
+        was formatted anew under a new id (the embedded Tansu broker restarted, which keeps
+        everything in memory), whose logs begin again at offset 0. A position or a committed
+        offset of the old logs means nothing there, and one below the new log's end would
+        silently skip what was written to it, so neither the fetch position nor a rebalance can
+        tell it. (A cluster re-formatted under the id it had, as ``CLUSTER_ID`` pinned in a
+        deployment does, cannot be told this way.) An id seen before that comes back is not
+        new: bootstrap servers of two clusters, or a cut-over, is logged once and not followed
+        by a re-read on every flip."""
+        cluster = getattr(self._consumer, "_cluster", None)  # private: the client's metadata
+        current = getattr(cluster, "cluster_id", None)
+        if not isinstance(current, str) or not current or current == self._cluster_id:
+            return None
+        before = self._cluster_id
+        if before is None:
+            self._cluster_id = current
+            self._clusters_seen.add(current)
+            return None
+        if current in self._clusters_seen:
+            self._cluster_id = current
+            if not self._flip_logged:
+                self._flip_logged = True
+                logger.error(
+                    "the Kafka brokers answer as cluster %s again, after %s: are the bootstrap "
+                    "servers of two clusters? Positions are kept; check MINDER_KAFKA__BOOTSTRAP",
+                    current[:MAX_ID_CHARS],
+                    before[:MAX_ID_CHARS],
+                )
+            return None
+        logger.warning(
+            "the Kafka brokers now answer as cluster %s, not %s: their logs are new; partitions "
+            "%s start again from the %s",
+            current[:MAX_ID_CHARS],
+            before[:MAX_ID_CHARS],
+            _names(self._consumer.assignment()),
+            "beginning" if self._auto_offset_reset == "earliest" else "end",
+        )
+        return current
+
+    def _start_again(self, cluster_id: str) -> None:
+        """Every assigned partition from the start (or, with ``auto_offset_reset="latest"``,
+        the end) of its log in the new cluster ``cluster_id``, which becomes the known one."""
+        if self.authenticator is not None:
+            self.authenticator.rollback()  # what follows the last commit is delivered again
+        owned = self._consumer.assignment()
+        if owned:
+            if self._auto_offset_reset == "earliest":
+                self._consumer.seek_to_beginning(*owned)
+            else:
+                self._consumer.seek_to_end(*owned)
+        for tp in owned:
+            self._offsets.pop(tp, None)  # known again after the first fetch
+            self._backlog[tp] = 0  # of the old log; the first fetch says the new one's
+        # Keyed by offsets of the old logs: another message may sit at the same offset now.
+        self._pending_dead.clear()
+        self._dead_attempts.clear()
+        self._handler_tries.clear()
+        self._reposition -= owned
+        self._cluster_id = cluster_id
+        self._clusters_seen.add(cluster_id)
+        self.stats.cluster_changes += 1
+        self._publish_backlog()
+
     def _resume_from_committed(self) -> set[TopicPartition]:
         """Seek every partition assigned by the last rebalance to its committed offset.
 
@@ -785,7 +868,7 @@ class BatchConsumer:
             return
         self._closed = True
         try:
-            self._consumer.close(autocommit=False)
+            close_client(self._consumer, autocommit=False)
         finally:
             self._deadletters.close(timeout=5)
 

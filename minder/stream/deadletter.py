@@ -26,6 +26,7 @@ from kafka.structs import TopicPartition
 from minder.core.errors import BrokerError, DecodeError
 from minder.core.records import DEADLETTER_TOPIC
 from minder.core.signing import AUTH_REASONS, AuthError
+from minder.stream.closing import close_client
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
@@ -261,7 +262,7 @@ def read_dead_letters(
     except KafkaError as exc:
         raise BrokerError(f"cannot read dead letters from {topic!r}: {exc!r}") from exc
     finally:
-        consumer.close()
+        close_client(consumer)
 
 
 def _read_to_end(consumer: KafkaConsumer, tp: TopicPartition, listed_end: int) -> bool:

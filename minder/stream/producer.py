@@ -7,7 +7,6 @@ acknowledgement or the final failure (after retries, ``delivery_timeout_ms``) is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
 from minder.core.signing import FleetSigner
 from minder.core.wire import AGENT_FORMAT, WireFormat
+from minder.stream.closing import close_producer
 from minder.stream.security import connection_config
 
 if TYPE_CHECKING:
@@ -472,22 +472,3 @@ class AlertPublisher(JsonPublisher):
     def publish_alert(self, alert: Alert) -> None:
         """Queue one alert; a status change is published again under the same ``id``."""
         self.publish(alert.job, alert.to_dict(), headers=[("minder-alert-id", alert.id.encode())])
-
-
-def close_producer(producer: KafkaProducer, timeout_s: float) -> None:
-    """Close ``producer`` for sure, dropping what it still holds after ``timeout_s``.
-
-    kafka-python 3.0's ``close(timeout)`` first flushes and raises ``KafkaTimeoutError`` when
-    records are still pending, before it would force-close its I/O thread; that thread would then
-    go on and deliver those records behind our resend. So force the close ourselves.
-    """
-    try:
-        producer.close(timeout=timeout_s)
-        return
-    except KafkaError as exc:
-        logger.debug("closing the Kafka client with records pending: %r", exc)
-    sender = getattr(producer, "_sender", None)  # private, but the only way to stop it
-    if sender is not None:
-        sender.force_close()
-    with contextlib.suppress(KafkaError, ValueError):
-        producer.close(timeout=0)

@@ -13,6 +13,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC, TRACES_TOPIC
+from minder.stream.closing import close_client
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def ensure_topics(
     except KafkaError as exc:
         raise BrokerError(f"cannot create topics {sorted(topics)} at {bootstrap!r}: {exc}") from exc
     finally:
-        admin.close()
+        close_client(admin)
 
 
 BROKER_HINT = (

@@ -241,8 +241,30 @@ def test_every_metric_queried_is_in_the_contract() -> None:
         "minder_outbox_oldest_pending_age_seconds",
         "minder_actions_total",
         "minder_actions_breaker_tripped",
+        "minder_selfchecks_in_progress",
+        "minder_selfchecks_total",
+        "minder_selfcheck_drain_to_return_seconds_bucket",
     ):
         assert metric in used, metric
+
+
+def test_the_service_dashboard_has_a_self_check_row() -> None:
+    """Checks in progress, outcomes by state over the range, drain-to-return median and p90."""
+    service = DASHBOARDS["minder-service.json"]
+    rows = [p["title"] for p in service["panels"] if p["type"] == "row"]
+    assert rows[-1] == "Self-checks"
+    panels = {p["title"]: p for p in iter_panels(service)}
+    exprs = {t: [q["expr"] for q in p.get("targets") or []] for t, p in panels.items()}
+    assert exprs["Self-checks in progress"] == ["max by (target) (minder_selfchecks_in_progress)"]
+    assert exprs["Self-check outcomes over the range"] == [
+        "sum by (state) (increase(minder_selfchecks_total[$__range]))"
+    ]
+    bucket = "minder_selfcheck_drain_to_return_seconds_bucket[$__range]"
+    assert exprs["Drain to return"] == [
+        f"histogram_quantile({q}, sum by (le) (increase({bucket})))" for q in ("0.5", "0.9")
+    ]
+    assert [t["legendFormat"] for t in panels["Drain to return"]["targets"]] == ["median", "p90"]
+    assert panels["Drain to return"]["fieldConfig"]["defaults"]["unit"] == "s"
 
 
 # --- helpers for the end-to-end test ---------------------------------------------------------

@@ -1,7 +1,8 @@
 """Every dashboard query returns data from the real system: broker, service, agents, simulator.
 
 Started as real processes: the embedded Kafka broker (in this process), ``minder serve`` with
-Slurm actions in log-only mode, four ``minder agent`` processes of the job ``trial`` (RDMA from
+Slurm actions and self-checks in log-only mode (the self-check service runs and launches
+nothing), four ``minder agent`` processes of the job ``trial`` (RDMA from
 the captured 8-NIC sysfs tree, GPUs from a dcgm-exporter exposition served by this test, one
 Hostname per agent), ``minder simulate --realtime --metrics-port`` of a 16-machine job ``sim``
 with per-rank step signals whose NIC goes down 10 s in, and a real Prometheus scraping the
@@ -124,6 +125,7 @@ READY = {
     "the alert stored (two scrapes)": "count(rate(minder_alert_deliveries_total[1m]))",
     "the future batch rejected (two scrapes)": "count(rate(minder_batches_rejected_total[1m]))",
     "the what-if report exported": "minder_whatif_slowdown",
+    "the self-check series exported (two scrapes)": "count(rate(minder_selfchecks_total[1m])) == 5",
 }
 """Conditions (PromQL that must return series) before the dashboards' queries run.
 
@@ -535,6 +537,7 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
             # simulator with the cluster key (MINDER_AUTH__KEYS_FILE).
             keys_file = tmp_path / "cluster.keys"
             write_node_keys(init_cluster_keys(keys_file, "live"), NODES, tmp_path / "node-keys")
+            api_port = free_port()
             env = {k: v for k, v in os.environ.items() if not k.startswith("MINDER_")}
             env.update(
                 {
@@ -547,10 +550,13 @@ def test_every_dashboard_query_returns_data_from_the_running_stack(tmp_path: Pat
                     "MINDER_WHATIF__WORKDIR": str(tmp_path / "whatif"),
                     "MINDER_API__TOKEN": TOKEN,
                     "MINDER_DETECTION__TOP_K_SCORES": "4",
+                    # log-only actions: the self-check service runs and exports its series,
+                    # and launches nothing
+                    "MINDER_SELFCHECK__ENABLED": "true",
+                    "MINDER_SELFCHECK__REPORT_URL": f"http://127.0.0.1:{api_port}",
                     "COLUMNS": "200",
                 }
             )
-            api_port = free_port()
             service = _start(stack, "serve", ["serve", "--port", str(api_port)], env, logs)
             processes.append(service)
             deadline = time.monotonic() + STACK_TIMEOUT_S

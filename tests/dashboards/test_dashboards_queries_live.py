@@ -129,6 +129,17 @@ class ServiceCollector:
             0.01,
         )
         yield _gauge("minder_actions_breaker_tripped", {}, 0)
+        # self-checks of drained nodes (minder.service.selfcheck): one running, some ended
+        yield _gauge("minder_selfchecks_in_progress", {"target": "slurm"}, 1)
+        states = ("passed", "failed", "inconclusive", "timed_out", "cancelled")
+        yield _counter("minder_selfchecks", [{"state": s} for s in states], 0.01)
+        checks = 0.01 * _elapsed()
+        yield HistogramMetricFamily(
+            "minder_selfcheck_drain_to_return_seconds",
+            "",
+            buckets=[("60", 0.1 * checks), ("300", 0.7 * checks), ("+Inf", checks)],
+            sum_value=240 * checks,
+        )
         yield _gauge("minder_jobs", {}, 1)
         yield _gauge("minder_machines", {}, len(MACHINES))
         yield _gauge("minder_job_machines", {"job_id": JOB}, len(MACHINES))

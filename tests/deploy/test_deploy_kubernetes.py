@@ -26,7 +26,9 @@ K8S = REPO / "deploy" / "kubernetes"
 CRD_SCHEMAS = Path(__file__).resolve().parent / "schemas" / "monitoring.coreos.com_v1.json"
 # Oldest and newest Kubernetes versions the manifests are validated against.
 KUBERNETES_VERSIONS = ["1.28.0", "1.37.0"]
-NOT_IN_KUSTOMIZATION = {"kustomization.yaml", "secret.example.yaml"}
+NOT_IN_KUSTOMIZATION = {"kustomization.yaml", "secret.example.yaml", "selfcheck-rbac.yaml"}
+OPTIONAL = ("secret.example.yaml", "selfcheck-rbac.yaml")
+"""Applied by hand: the example Secret, and the self-check rights (only with self-checks on)."""
 
 Resource = dict[str, Any]
 
@@ -42,8 +44,8 @@ def _kustomization() -> dict[str, Any]:
 
 
 def _resources() -> list[Resource]:
-    """Every resource that kustomization.yaml applies, plus the example Secret."""
-    files = [*_kustomization()["resources"], "secret.example.yaml"]
+    """Every resource that kustomization.yaml applies, plus the optional ones."""
+    files = [*_kustomization()["resources"], *OPTIONAL]
     return [doc for name in files for doc in _documents(K8S / name)]
 
 
@@ -175,7 +177,7 @@ def test_kustomize_renders_the_manifests(
     result = run([kubectl, "kustomize", K8S])
     assert result.returncode == 0, explain(result)
     rendered = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    expected = [r for r in _resources() if r["kind"] != "Secret"]
+    expected = [doc for name in _kustomization()["resources"] for doc in _documents(K8S / name)]
     assert sorted(map(_key, rendered)) == sorted(map(_key, expected))
     for resource in rendered:
         assert resource["metadata"]["labels"]["app.kubernetes.io/part-of"] == "minder"
@@ -215,7 +217,41 @@ def test_cluster_role_is_least_privilege() -> None:
     assert granted == expected
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames/nonResourceURLs"
-    assert not [r for r in _resources() if r["kind"] in {"Role", "RoleBinding"}]
+    kustomized = [doc for name in _kustomization()["resources"] for doc in _documents(K8S / name)]
+    assert not [r for r in kustomized if r["kind"] in {"Role", "RoleBinding"}]
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_selfcheck_rights_are_exactly_the_launchers() -> None:
+    """selfcheck-rbac.yaml adds to the actuator's ClusterRole exactly what the Kubernetes
+    self-check launcher needs beyond it, and holds its Job and Secret rights in one namespace."""
+    from minder.actions.kubernetes_selfcheck import NAMESPACE_RBAC_RULES, RBAC_RULES
+
+    cluster = _find("ClusterRole", "minder-selfcheck-nodes")
+    actuator = _find("ClusterRole", "minder-node-actions")
+    assert _grants(cluster["rules"]) | _grants(actuator["rules"]) == _grants(RBAC_RULES)
+    assert not _grants(cluster["rules"]) & _grants(actuator["rules"])
+    role = _find("Role", "minder-selfcheck")
+    assert _grants(role["rules"]) == _grants(NAMESPACE_RBAC_RULES)
+    account = _find("Deployment", "minder")["spec"]["template"]["spec"]["serviceAccountName"]
+    for kind, name, ref_kind in (
+        ("ClusterRoleBinding", "minder-selfcheck-nodes", "ClusterRole"),
+        ("RoleBinding", "minder-selfcheck", "Role"),
+    ):
+        binding = _find(kind, name)
+        assert binding["roleRef"]["kind"] == ref_kind
+        assert binding["roleRef"]["name"] == name
+        assert [s["name"] for s in binding["subjects"]] == [account]
+    assert role["metadata"]["namespace"] == "minder"
 
 
 def test_cluster_role_is_bound_to_the_service_account_only() -> None:

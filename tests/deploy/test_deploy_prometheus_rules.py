@@ -195,12 +195,15 @@ def _exported_series() -> set[str]:
     from minder.actions.executor import ActionMetrics
     from minder.delivery.worker import DeliveryMetrics
     from minder.service.prometheus_source import SourceMetrics
+    from minder.service.selfcheck import SelfCheckMetrics
     from minder.service.telemetry import ServiceMetrics
     from minder.service.whatif_runner import WhatIfMetrics
 
     service = ServiceMetrics()
     DeliveryMetrics(service.registry)  # registered by the service's outbox
     ActionMetrics(service.registry)  # registered when scheduler actions are configured
+    selfchecks = SelfCheckMetrics(service.registry)  # registered when self-checks are enabled
+    selfchecks.in_progress.labels("slurm").set(0)
     source = SourceMetrics(service.registry)  # registered with a Prometheus source
     source.batches.labels("prometheus")
     source.errors.labels("prometheus", "unreachable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from gpu_cubes import cube_table
 
 from detectors.halts import HaltWatch
 from detectors.offline import detect_table
@@ -34,23 +35,8 @@ def _job(
         working[at:, m] = False
     util = np.where(working, 0.95 + rng.normal(0, 0.01, shape), 0.0)
     power = np.where(working, 600 + rng.normal(0, 8, shape), 80 + rng.normal(0, 2, shape))
-    parts = []
-    for metric, cube in (("gpu_util_ratio", np.clip(util, 0, 1)), ("gpu_power_watts", power)):
-        parts.append(
-            pd.DataFrame(
-                {
-                    "ts": np.repeat(START + np.arange(samples) * interval_s, machines * GPUS),
-                    "job": "j",
-                    "machine": np.tile(
-                        np.repeat([f"m{i:02d}" for i in range(machines)], GPUS), samples
-                    ),
-                    "metric": metric,
-                    "device": np.tile([f"gpu{g}" for g in range(GPUS)], samples * machines),
-                    "value": cube.reshape(-1),
-                }
-            )
-        )
-    return normalize_table(pd.concat(parts, ignore_index=True))
+    cubes = (("gpu_util_ratio", np.clip(util, 0, 1)), ("gpu_power_watts", power))
+    return cube_table(cubes, interval_s, START)
 
 
 @pytest.mark.parametrize(("interval_s", "lead"), [(1, 8), (1, 16), (5, 8), (15, 8), (60, 8)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.scoring import median_scores, pairwise_scores, row_nanmedian
+from detectors.scoring import lag_tolerant_means, median_scores, pairwise_scores, row_nanmedian
 
 FLOORS = np.asarray([0.02])
 
@@ -86,3 +86,26 @@ def test_row_nanmedian_matches_numpy() -> None:
     with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
         expected = np.nanmedian(values, axis=1)
     np.testing.assert_allclose(row_nanmedian(values), expected)
+
+
+def _lagged(peers: list[float], machine: list[float], n: int = 9) -> tuple[float, float]:
+    """``lag_tolerant_means`` of one series: the peers' level (lag 0) and the machine's mean at
+    its best lag, for ``n - 1`` identical peers and the machine last."""
+    values = np.tile(np.asarray(peers, dtype=float)[:, None, None], (1, n, 1))
+    values[:, -1, 0] = machine
+    plain, best = lag_tolerant_means(values, _everyone(n))
+    return float(plain[0, 0]), float(best[-1, 0])
+
+
+def test_a_machine_a_sample_out_of_phase_is_judged_at_its_lag() -> None:
+    level, judged = _lagged([1, 4, 1, 4, 1], [4, 1, 4, 1, 4])  # reads its peers' previous sample
+    assert judged == pytest.approx(level)
+
+
+def test_a_machine_that_stops_as_its_job_halts_is_not_excused_by_a_lag() -> None:
+    """Its NIC dies as the job halts: read against the peers' first halted sample, its last
+    (partly) working one would cancel its zeros in a mean (+0.62 at the lag ahead); by fit, lag
+    0 is the closest."""
+    peers = [17.5, 3.75, 2.3, 2.3]
+    level, judged = _lagged(peers, [10.2, 0.0, 0.0, 0.0])
+    assert judged == pytest.approx(level - (3.75 + 2.3 + 2.3) / 3)

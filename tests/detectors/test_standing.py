@@ -1,8 +1,8 @@
 """Machines apart from their peers from their first evaluation: judged by how far they move.
 
-The tables are built here with their own noise: a host whose CPU use or memory stands apart from
-the start (an extra daemon, a bigger page cache) is no fault; the same host moving much further
-later is; a fault that strikes during a machine's first evaluations, or one at the severe level
+The tables are built here with their own noise: a host whose NIC sends more pause frames than
+its peers from the start (its place in the fabric) is no fault; the same host moving much
+further later is; a fault that strikes during a machine's first evaluations, or one at the severe level
 from the start, is still named.
 """
 
@@ -20,8 +20,9 @@ from minder.core.alert import AlertKind
 from minder.core.table import normalize_table
 
 
-def _table(cube: np.ndarray, metric: str, interval_s: int) -> pd.DataFrame:
-    """Canonical rows of one host metric shaped (time, machine)."""
+def _table(cube: np.ndarray, metric: str, interval_s: int, device: str = "") -> pd.DataFrame:
+    """Canonical rows of one metric shaped (time, machine), of one device (none: a host
+    metric)."""
     t, n = cube.shape
     ts = np.repeat(1_700_000_000 + np.arange(t) * interval_s, n).astype(float)
     machine = np.tile([f"m{i:03d}" for i in range(n)], t)
@@ -32,15 +33,20 @@ def _table(cube: np.ndarray, metric: str, interval_s: int) -> pd.DataFrame:
             "machine": machine,
             "metric": metric,
             "value": cube.reshape(-1),
-            "device": "",
+            "device": device,
         }
     )
     return normalize_table(frame)
 
 
-def _cpu(rng: np.random.Generator, t: int, n: int) -> np.ndarray:
-    """CPU use near 0.2 with 5 % noise per machine and sample."""
-    return 0.2 * (1 + rng.normal(0, 0.05, size=(t, n)))
+def _pauses(rng: np.random.Generator, t: int, n: int) -> np.ndarray:
+    """PFC pause frames sent near 100/s with 5 % noise per machine and sample: a metric judged
+    on both sides of the peers, by ratio (its scale is at least a quarter of the peers' level,
+    25/s here: docs/detection-method.md §10 and §12)."""
+    return 100.0 * (1 + rng.normal(0, 0.05, size=(t, n)))
+
+
+PAUSES = "pfc_tx_pause_per_second"
 
 
 def _named(table: pd.DataFrame) -> set[str]:
@@ -51,26 +57,26 @@ def _named(table: pd.DataFrame) -> set[str]:
 @pytest.mark.parametrize("interval_s", [1, 5, 60])
 def test_a_machine_apart_from_its_start_is_no_fault(interval_s: int) -> None:
     rng = np.random.default_rng(11)
-    cube = _cpu(rng, 240, 32)
-    cube[:, 7] *= 1.6  # apart at every evaluation, from the first one
-    assert _named(_table(cube, "cpu_util_ratio", interval_s)) == set()
+    cube = _pauses(rng, 240, 32)
+    cube[:, 7] *= 3.5  # apart at every evaluation, from the first one (z 10)
+    assert _named(_table(cube, PAUSES, interval_s, "mlx5_0")) == set()
 
 
 @pytest.mark.parametrize("interval_s", [1, 5, 60])
 def test_a_machine_apart_from_its_start_that_moves_further_is_named(interval_s: int) -> None:
     rng = np.random.default_rng(12)
-    cube = _cpu(rng, 240, 32)
-    cube[:, 7] *= 1.6
-    cube[120:, 7] *= 2.5  # then it moves far beyond where it stood
-    assert _named(_table(cube, "cpu_util_ratio", interval_s)) == {"m007"}
+    cube = _pauses(rng, 240, 32)
+    cube[:, 7] *= 3.5
+    cube[120:, 7] *= 2.5  # then it moves far beyond where it stood (z 10 -> 31)
+    assert _named(_table(cube, PAUSES, interval_s, "mlx5_0")) == {"m007"}
 
 
 @pytest.mark.parametrize("interval_s", [1, 5, 60])
 def test_a_fault_that_strikes_during_the_first_evaluations_is_named(interval_s: int) -> None:
     rng = np.random.default_rng(13)
-    cube = _cpu(rng, 240, 32)
-    cube[12:, 7] *= 1.8  # within the first run: a change, not a standing offset
-    assert _named(_table(cube, "cpu_util_ratio", interval_s)) == {"m007"}
+    cube = _pauses(rng, 240, 32)
+    cube[12:, 7] *= 3.5  # within the first run: a change, not a standing offset
+    assert _named(_table(cube, PAUSES, interval_s, "mlx5_0")) == {"m007"}
 
 
 def test_a_machine_broken_from_the_start_is_named() -> None:

@@ -216,7 +216,8 @@ def test_slow_headers_under_a_low_file_limit_neither_starve_nor_kill_the_api(
         failed = [(round(t, 2), status) for t, status in health if status != 200]
         assert failed == [], f"/health did not answer 200 under attack: {failed}"
         assert max(held) <= BOUND + 1, held  # the probe's own among them
-        assert held[-1] == 0, held  # the last held ones timed out
+        # The last held ones timed out; the probe's own may still be closing server-side.
+        assert held[-1] <= 1, held
 
         # every slow connection was closed by the server, by its header timeout at the latest
         left_open = [s for s in slow if not s.by_server]

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 from slurm_cluster import SlurmCluster, skip_reason
 
+from minder.stream import EmbeddedBroker
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
@@ -21,3 +23,10 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         pytest.skip(reason)
     with SlurmCluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    """A real Kafka-protocol broker (Tansu) for the end-to-end tests of one module."""
+    with EmbeddedBroker() as running:
+        yield running

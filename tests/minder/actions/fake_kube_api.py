@@ -1,5 +1,5 @@
-"""A small stand-in for the Kubernetes API server's Node (and Pod list) endpoints, for testing
-the actuator.
+"""A small stand-in for the Kubernetes API server's Node, Pod, Job and Secret endpoints, for
+testing the actuator and the self-check launcher.
 
 No API server can run in this environment, so this fake follows the documented API (the
 Kubernetes API reference for ``Node`` v1, "API Concepts", the API conventions, and the apiserver's
@@ -16,7 +16,31 @@ patch handler) for the endpoints that :mod:`minder.actions.kubernetes` calls, se
   ``status.nominatedNodeName``; an absent field reads ``""``, so ``spec.nodeName=`` selects
   unscheduled pods; any other field is a 400 ``field label not supported: <field>``), and
   ``GET /api/v1/namespaces/{namespace}/pods/{name}``; pods are added by tests
-  (:meth:`FakeKubeApi.add_pod`), never written through the API;
+  (:meth:`FakeKubeApi.add_pod`) or by the fake's Job controller, never written through the API;
+- ``batch/v1`` Jobs (API reference "Job" v1, "Garbage Collection"): ``POST``, ``GET`` and
+  ``DELETE /apis/batch/v1/namespaces/{namespace}/jobs[/{name}]``, ``GET /apis/batch/v1/jobs``
+  (``JobList``, ``labelSelector`` as above). A create is refused as the apiserver does: 409
+  ``AlreadyExists`` ``jobs.batch "x" already exists``, 404 ``namespaces "x" not found`` (the
+  namespaces are :attr:`FakeKubeApi.namespaces`), 422 ``Invalid`` for a name that is not a DNS-1123
+  label, a ``restartPolicy`` other than ``Never``/``OnFailure``, no containers, a container
+  without a name or an image, an ``env`` entry with both ``value`` and ``valueFrom`` or a
+  ``secretKeyRef`` without ``name``/``key``, a negative ``backoffLimit``/``ttlSecondsAfterFinished``
+  or ``activeDeadlineSeconds`` < 1, a toleration with an unknown effect or ``Exists`` with a
+  value. The defaults of the REST strategy are set (``completions``, ``parallelism``, ``backoffLimit:
+  6``, ``completionMode``, ``suspend``, the ``selector`` and the ``controller-uid``/``job-name``
+  labels of the template). The Job controller is played at once: a new Job gets one ``Pending``
+  pod (owner reference to the Job, the template's labels and spec, ``nodeName`` included) and
+  ``status.active: 1``; tests move it on with :meth:`FakeKubeApi.run_job` (the kubelet starts the
+  pod, or leaves it ``Pending`` with ``CreateContainerConfigError`` when a Secret its ``env``
+  references is missing) and :meth:`FakeKubeApi.finish_job` (``Complete`` or ``Failed``
+  conditions). A delete takes ``propagationPolicy`` from the query or a ``DeleteOptions`` body;
+  a Job's default is ``Orphan`` (its pods stay, without the owner reference); ``Background`` and
+  ``Foreground`` delete its pods, and the Secrets of which it was the only owner (the garbage
+  collector, at once here); answers a ``Status`` ``Success``. A create whose
+  ``metadata.ownerReferences`` entry lacks ``apiVersion``, ``kind``, ``name`` or ``uid`` is a 422;
+- core/v1 Secrets: ``POST /api/v1/namespaces/{namespace}/secrets`` (``data`` must be base64,
+  ``stringData`` is merged into ``data``, ``type`` defaults to ``Opaque``, 409 ``AlreadyExists``),
+  ``GET`` and ``DELETE`` of one (404 ``secrets "x" not found``);
 - ``PATCH /api/v1/nodes/{name}`` and ``PATCH /api/v1/nodes/{name}/status`` with the three patch
   types of "API Concepts":
 
@@ -69,13 +93,15 @@ each request is handled, to play a concurrent writer. Requests are recorded in
 :attr:`FakeKubeApi.requests`.
 
 Not implemented (a request that needs them gets a 501 naming the gap, and is listed in
-:attr:`FakeKubeApi.unsupported`): create/update/delete of nodes, any write of pods, watch,
-``limit``/``continue``, ``fieldSelector`` on nodes, server-side apply, ``$retainKeys``,
-managedFields, admission, and any resource but nodes and pods.
+:attr:`FakeKubeApi.unsupported`): create/update/delete of nodes, any write of pods, update or patch
+of Jobs and Secrets, a list of Secrets, ``generateName``, watch, ``limit``/``continue``,
+``fieldSelector`` on nodes and Jobs, server-side apply, ``$retainKeys``, managedFields, admission,
+and any resource but nodes, pods, Jobs and Secrets.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -137,9 +163,21 @@ ALL_RULES = frozenset(
         ("patch", "nodes/status"),
         ("get", "pods"),
         ("list", "pods"),
+        ("create", "jobs"),
+        ("get", "jobs"),
+        ("list", "jobs"),
+        ("delete", "jobs"),
+        ("create", "secrets"),
+        ("get", "secrets"),
+        ("delete", "secrets"),
     }
 )
-"""Every (verb, resource) the fake serves: the default token's RBAC."""
+"""Every (verb, resource) the fake serves: the default token's RBAC (``jobs`` are batch/v1's)."""
+DEFAULT_NAMESPACES = frozenset({"default", "kube-system", "minder"})
+_DNS1123_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_ENV_NAME_RE = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+JOB_RESTART_POLICIES = ("Never", "OnFailure")
+PROPAGATION_POLICIES = ("Orphan", "Background", "Foreground")
 
 
 class ApiError(Exception):
@@ -668,6 +706,9 @@ class FakeKubeApi:
     tokens: dict[str, tuple[str, frozenset[tuple[str, str]]]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    namespaces: set[str] = field(default_factory=lambda: set(DEFAULT_NAMESPACES))
     requests: list[Recorded] = field(default_factory=list)
     unsupported: list[str] = field(default_factory=list)
     hooks: list[Callable[[str, str], None]] = field(default_factory=list)
@@ -728,8 +769,15 @@ class FakeKubeApi:
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
         conditions: list[dict[str, Any]] | None = None,
+        internal_ip: str | None = None,
+        allocatable: dict[str, str] | None = None,
+        capacity: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Store a node as a kubelet would have registered it (``Ready`` by default)."""
+        """Store a node as a kubelet would have registered it (``Ready`` by default), with an
+        ``InternalIP`` address and ``status.allocatable`` (e.g. ``{"nvidia.com/gpu": "8"}``,
+        as the device plugin advertises) when given, and ``status.capacity`` (the same as
+        ``allocatable`` unless given: the device plugin counts an unhealthy GPU in the capacity
+        only)."""
         now = _now()
         node: dict[str, Any] = {
             "kind": "Node",
@@ -755,7 +803,16 @@ class FakeKubeApi:
                         "lastTransitionTime": now,
                     }
                 ],
-                "addresses": [{"type": "Hostname", "address": name}],
+                "addresses": [
+                    *([{"type": "InternalIP", "address": internal_ip}] if internal_ip else []),
+                    {"type": "Hostname", "address": name},
+                ],
+                **({"allocatable": dict(allocatable)} if allocatable else {}),
+                **(
+                    {"capacity": dict(capacity if capacity is not None else allocatable or {})}
+                    if capacity or allocatable
+                    else {}
+                ),
             },
         }
         _prune_omitempty(node)
@@ -777,9 +834,13 @@ class FakeKubeApi:
         node: str | None = None,
         phase: str = "Running",
         labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        owner: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
         """Store a pod as the scheduler and the kubelet would have left it: bound to ``node``
-        (``spec.nodeName``; None: not scheduled) in ``phase``."""
+        (``spec.nodeName``; None: not scheduled) in ``phase``; ``owner`` ``(kind, name)`` is its
+        controller (``("DaemonSet", "nvidia-device-plugin")``: an ``apps/v1`` owner reference),
+        ``annotations`` e.g. ``kubernetes.io/config.mirror`` for a static pod's mirror."""
         if phase not in POD_PHASES:
             raise ValueError(f"pod phase {phase!r}: expected one of {POD_PHASES}")
         spec: dict[str, Any] = {
@@ -803,6 +864,21 @@ class FakeKubeApi:
             "spec": spec,
             "status": {"phase": phase},
         }
+        if annotations:
+            pod["metadata"]["annotations"] = dict(annotations)
+        if owner is not None:
+            kind, owner_name = owner
+            group = "batch/v1" if kind == "Job" else "apps/v1"
+            pod["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": group,
+                    "kind": kind,
+                    "name": owner_name,
+                    "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{namespace}/{kind}/{owner_name}")),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
         with self._lock:
             self.revision += 1
             pod["metadata"]["resourceVersion"] = str(self.revision)
@@ -867,6 +943,14 @@ class FakeKubeApi:
 
     def _handle(self, record: Recorded) -> tuple[int, Any, dict[str, str]]:
         user, rules = self._authenticate(record.authorization)
+        jobs = re.fullmatch(
+            r"/apis/batch/v1/(?:namespaces/([^/]+)/)?jobs(?:/([^/]+))?", record.path
+        )
+        if jobs is not None:
+            return self._jobs(record, user, rules, jobs.group(1), jobs.group(2))
+        secrets = re.fullmatch(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?", record.path)
+        if secrets is not None:
+            return self._secrets(record, user, rules, secrets.group(1), secrets.group(2))
         pods = re.fullmatch(r"/api/v1/(?:namespaces/([^/]+)/)?pods(?:/([^/]+))?", record.path)
         if pods is not None:
             return self._pods(record, user, rules, pods.group(1), pods.group(2))
@@ -976,6 +1060,460 @@ class FakeKubeApi:
         }
         return 200, body, {}
 
+    # -- batch/v1 Jobs and core/v1 Secrets ------------------------------------------------
+
+    def _authorize(
+        self,
+        user: str,
+        rules: frozenset[tuple[str, str]],
+        verb: str,
+        resource: str,
+        group: str,
+        namespace: str | None,
+        name: str | None,
+    ) -> None:
+        if (verb, resource) in rules:
+            return
+        kind = f"{resource}.{group}" if group else resource
+        what = f'{kind} "{name}"' if name else kind
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        message = (
+            f'{what} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API '
+            f'group "{group}" {scope}'
+        )
+        details: dict[str, Any] = {"kind": resource}
+        if group:
+            details["group"] = group
+        if name:
+            details["name"] = name
+        raise ApiError(403, status(403, "Forbidden", message, details))
+
+    def _verb(self, record: Recorded, name: str | None) -> str:
+        if record.method == "GET":
+            return "get" if name else "list"
+        if record.method == "POST" and name is None:
+            return "create"
+        if record.method == "DELETE" and name is not None:
+            return "delete"
+        if record.method in ("PUT", "PATCH", "DELETE"):
+            raise FakeNotImplementedError(f"{record.method} on {record.path}")
+        raise ApiError(
+            405,
+            status(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            ),
+        )
+
+    def _new_object(
+        self, record: Recorded, namespace: str, kind: str, resource: str, group: str
+    ) -> tuple[str, dict[str, Any]]:
+        """The body of a create: its name and a copy, with the checks every create gets."""
+        if record.body is _INVALID_JSON or not isinstance(record.body, dict):
+            raise bad_request(f"the body of the request is not a {kind} object")
+        body = copy.deepcopy(record.body)
+        if body.get("kind", kind) != kind:
+            raise bad_request(f"the body is a {body.get('kind')}, expected {kind}")
+        meta = body.get("metadata")
+        if not isinstance(meta, dict):
+            meta = body["metadata"] = {}
+        if "generateName" in meta and "name" not in meta:
+            raise FakeNotImplementedError("metadata.generateName")
+        if meta.get("namespace", namespace) != namespace:
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the "
+                "request"
+            )
+        name = meta.get("name")
+        kind_name = f"{resource}.{group}" if group else resource
+        if not isinstance(name, str) or not name:
+            raise _invalid_object(
+                kind,
+                "",
+                [_cause("FieldValueRequired", "metadata.name", "name or generateName is required")],
+            )
+        if namespace not in self.namespaces:
+            raise ApiError(
+                404,
+                status(
+                    404,
+                    "NotFound",
+                    f'namespaces "{namespace}" not found',
+                    {"name": namespace, "kind": "namespaces"},
+                ),
+            )
+        if (namespace, name) in (self.jobs if kind == "Job" else self.secrets):
+            raise ApiError(
+                409,
+                status(
+                    409,
+                    "AlreadyExists",
+                    f'{kind_name} "{name}" already exists',
+                    {"name": name, **({"group": group} if group else {}), "kind": resource},
+                ),
+            )
+        for key in ("labels", "annotations"):
+            value = meta.get(key)
+            if value is not None and (
+                not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
+            ):
+                raise _invalid_object(
+                    kind,
+                    name,
+                    [
+                        _cause(
+                            "FieldValueInvalid",
+                            f"metadata.{key}",
+                            "expected map of string to string",
+                        )
+                    ],
+                )
+        errors: list[dict[str, str]] = []
+        for key, value in (meta.get("labels") or {}).items():
+            if problem := _qualified_name_error(key):
+                errors.append(_cause("FieldValueInvalid", f"metadata.labels: {key!r}", problem))
+            if problem := _label_value_error(value):
+                errors.append(_cause("FieldValueInvalid", f"metadata.labels: {value!r}", problem))
+        owners = meta.get("ownerReferences")
+        if owners is not None and not isinstance(owners, list):
+            errors.append(
+                _cause("FieldValueInvalid", "metadata.ownerReferences", "expected a list")
+            )
+        for index, owner in enumerate(owners or []):
+            for field_name in ("apiVersion", "kind", "name", "uid"):
+                value = owner.get(field_name) if isinstance(owner, dict) else None
+                if not isinstance(value, str) or not value:
+                    errors.append(
+                        _cause(
+                            "FieldValueRequired" if value in (None, "") else "FieldValueInvalid",
+                            f"metadata.ownerReferences[{index}].{field_name}",
+                            f"{field_name} must not be empty",
+                        )
+                    )
+        if errors:
+            raise _invalid_object(kind, name, errors)
+        self.revision += 1
+        meta.update(
+            {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": str(self.revision),
+                "creationTimestamp": _now(),
+            }
+        )
+        meta.pop("deletionTimestamp", None)
+        return name, body
+
+    def _deleted(self, name: str, resource: str, group: str, uid: str) -> dict[str, Any]:
+        """The ``Status`` a delete answers."""
+        details: dict[str, Any] = {"name": name, "kind": resource, "uid": uid}
+        if group:
+            details["group"] = group
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": details,
+        }
+
+    def _propagation(self, record: Recorded) -> str:
+        """The delete's ``propagationPolicy`` (query or ``DeleteOptions`` body); a Job's default
+        through the API is ``Orphan`` (the batch/v1 REST strategy keeps the legacy default)."""
+        values = record.query.get("propagationPolicy", [])
+        policy = values[-1] if values else None
+        if isinstance(record.body, dict) and record.body.get("propagationPolicy"):
+            policy = record.body["propagationPolicy"]
+        policy = policy or "Orphan"
+        if policy not in PROPAGATION_POLICIES:
+            raise bad_request(
+                f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: '
+                f'"{policy}": supported values: "Foreground", "Background", "Orphan", "nil"'
+            )
+        return policy
+
+    def _jobs(
+        self,
+        record: Recorded,
+        user: str,
+        rules: frozenset[tuple[str, str]],
+        namespace: str | None,
+        name: str | None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        verb = self._verb(record, name)
+        if namespace is None and verb != "list":
+            raise FakeNotImplementedError(f"{record.method} on {record.path}")
+        self._authorize(user, rules, verb, "jobs", "batch", namespace, name)
+        for key in ("watch", "limit", "continue", "fieldSelector", "resourceVersionMatch"):
+            if key in record.query:
+                raise FakeNotImplementedError(f"the {key} query parameter on jobs")
+        with self._lock:
+            if verb == "list":
+                selector = record.query.get("labelSelector", [""])[-1]
+                items = [
+                    copy.deepcopy(job)
+                    for (ns, _), job in sorted(self.jobs.items())
+                    if (namespace is None or ns == namespace)
+                    and all(_selects(job, req) for req in selector.split(",") if req.strip())
+                ]
+                for item in items:
+                    item.pop("kind", None)
+                    item.pop("apiVersion", None)
+                body = {
+                    "kind": "JobList",
+                    "apiVersion": "batch/v1",
+                    "metadata": {"resourceVersion": str(self.revision)},
+                    "items": items,
+                }
+                return 200, body, {}
+            assert namespace is not None
+            if verb == "create":
+                job_name, new_job = self._new_object(record, namespace, "Job", "jobs", "batch")
+                _validate_job(job_name, new_job)
+                _default_job(new_job)
+                self.jobs[(namespace, job_name)] = new_job
+                self._start_job_pod(namespace, new_job)
+                return 201, copy.deepcopy(self.jobs[(namespace, job_name)]), {}
+            assert name is not None
+            job = self.jobs.get((namespace, name))
+            if job is None:
+                raise ApiError(
+                    404,
+                    status(
+                        404,
+                        "NotFound",
+                        f'jobs.batch "{name}" not found',
+                        {"name": name, "group": "batch", "kind": "jobs"},
+                    ),
+                )
+            if verb == "get":
+                return 200, copy.deepcopy(job), {}
+            policy = self._propagation(record)
+            uid = job["metadata"]["uid"]
+            del self.jobs[(namespace, name)]
+            self.revision += 1
+            for pod_key, pod in list(self.pods.items()):
+                owners = pod["metadata"].get("ownerReferences") or []
+                if not any(owner.get("uid") == uid for owner in owners):
+                    continue
+                if policy == "Orphan":
+                    pod["metadata"]["ownerReferences"] = [o for o in owners if o.get("uid") != uid]
+                else:  # the garbage collector deletes the dependents (at once, here)
+                    del self.pods[pod_key]
+            for secret_key, secret in list(self.secrets.items()):
+                owners = secret["metadata"].get("ownerReferences") or []
+                if secret_key[0] != namespace or not any(o.get("uid") == uid for o in owners):
+                    continue
+                if policy == "Orphan":
+                    secret["metadata"]["ownerReferences"] = [
+                        o for o in owners if o.get("uid") != uid
+                    ]
+                elif len(owners) == 1:  # its only owner is gone: collected
+                    del self.secrets[secret_key]
+                else:
+                    secret["metadata"]["ownerReferences"] = [
+                        o for o in owners if o.get("uid") != uid
+                    ]
+            return 200, self._deleted(name, "jobs", "batch", uid), {}
+
+    def _secrets(
+        self,
+        record: Recorded,
+        user: str,
+        rules: frozenset[tuple[str, str]],
+        namespace: str,
+        name: str | None,
+    ) -> tuple[int, Any, dict[str, str]]:
+        verb = self._verb(record, name)
+        if verb == "list":
+            raise FakeNotImplementedError("list of secrets")
+        self._authorize(user, rules, verb, "secrets", "", namespace, name)
+        with self._lock:
+            if verb == "create":
+                secret_name, new_secret = self._new_object(
+                    record, namespace, "Secret", "secrets", ""
+                )
+                data = dict(new_secret.get("data") or {})
+                errors = []
+                for key, value in data.items():
+                    try:
+                        base64.b64decode(value, validate=True)
+                    except (ValueError, TypeError):
+                        errors.append(
+                            _cause("FieldValueInvalid", f"data[{key}]", "illegal base64 data")
+                        )
+                for key, value in (new_secret.pop("stringData", None) or {}).items():
+                    data[key] = base64.b64encode(str(value).encode()).decode()
+                for key in data:
+                    if not re.fullmatch(r"[-._a-zA-Z0-9]+", key):
+                        errors.append(
+                            _cause(
+                                "FieldValueInvalid",
+                                f"data[{key}]",
+                                "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                            )
+                        )
+                if errors:
+                    raise _invalid_object("Secret", secret_name, errors)
+                new_secret["data"] = data
+                new_secret.setdefault("type", "Opaque")
+                new_secret["kind"], new_secret["apiVersion"] = "Secret", "v1"
+                self.secrets[(namespace, secret_name)] = new_secret
+                return 201, copy.deepcopy(new_secret), {}
+            assert name is not None
+            secret = self.secrets.get((namespace, name))
+            if secret is None:
+                raise ApiError(
+                    404,
+                    status(
+                        404,
+                        "NotFound",
+                        f'secrets "{name}" not found',
+                        {"name": name, "kind": "secrets"},
+                    ),
+                )
+            if verb == "get":
+                return 200, copy.deepcopy(secret), {}
+            self._propagation(record)
+            del self.secrets[(namespace, name)]
+            self.revision += 1
+            return 200, self._deleted(name, "secrets", "", secret["metadata"]["uid"]), {}
+
+    def _start_job_pod(self, namespace: str, job: dict[str, Any]) -> None:
+        """What the Job controller does with a new Job: one pod from its template (parallelism
+        1), labelled and owned by the Job, ``Pending`` until :meth:`run_job`."""
+        meta = job["metadata"]
+        template = job["spec"]["template"]
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        suffix = uuid.uuid4().hex[:5]
+        self.revision += 1
+        pod = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": f"{meta['name']}-{suffix}",
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": str(self.revision),
+                "creationTimestamp": _now(),
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": copy.deepcopy(template["spec"]),
+            "status": {"phase": "Pending"},
+        }
+        self.pods[(namespace, pod["metadata"]["name"])] = pod
+        job["status"] = {"active": 1, "ready": 0, "startTime": _now()}
+
+    # -- the Job controller and kubelet, played by tests ------------------------------------
+
+    def job(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self.jobs[(namespace, name)])
+
+    def secret(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self.secrets[(namespace, name)])
+
+    def job_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The pods the Job controller made for Job ``name``."""
+        with self._lock:
+            uid = self.jobs[(namespace, name)]["metadata"]["uid"]
+            return [
+                copy.deepcopy(pod)
+                for (ns, _), pod in sorted(self.pods.items())
+                if ns == namespace
+                and any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or [])
+            ]
+
+    def run_job(self, namespace: str, name: str) -> str:
+        """The kubelet starts the Job's pod: ``Running`` and ready, or left ``Pending`` with
+        ``CreateContainerConfigError`` when a Secret its environment references is missing (as
+        the kubelet does). Returns the pod's phase."""
+        with self._lock:
+            job = self.jobs[(namespace, name)]
+            uid = job["metadata"]["uid"]
+            for pod in self.pods.values():
+                if not any(
+                    o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or []
+                ):
+                    continue
+                missing = [
+                    ref["name"]
+                    for container in pod["spec"].get("containers") or []
+                    for env in container.get("env") or []
+                    for ref in [((env.get("valueFrom") or {}).get("secretKeyRef") or {})]
+                    if ref and (namespace, ref.get("name")) not in self.secrets
+                ]
+                if missing:
+                    pod["status"] = {
+                        "phase": "Pending",
+                        "containerStatuses": [
+                            {
+                                "name": "selfcheck",
+                                "ready": False,
+                                "state": {
+                                    "waiting": {
+                                        "reason": "CreateContainerConfigError",
+                                        "message": f'secret "{missing[0]}" not found',
+                                    }
+                                },
+                            }
+                        ],
+                    }
+                    return "Pending"
+                pod["status"] = {"phase": "Running", "podIP": "10.1.0.1"}
+                job["status"] = {**job.get("status", {}), "active": 1, "ready": 1}
+                self.revision += 1
+                return "Running"
+        raise KeyError(f"job {namespace}/{name} has no pod")
+
+    def finish_job(
+        self, namespace: str, name: str, *, succeeded: bool, reason: str | None = None
+    ) -> None:
+        """The pod ends and the Job controller sets the Job's final condition: ``Complete``, or
+        ``Failed`` with ``reason`` (``BackoffLimitExceeded`` by default; ``DeadlineExceeded``
+        for ``activeDeadlineSeconds``)."""
+        with self._lock:
+            job = self.jobs[(namespace, name)]
+            uid = job["metadata"]["uid"]
+            for pod in self.pods.values():
+                if any(o.get("uid") == uid for o in pod["metadata"].get("ownerReferences") or []):
+                    pod["status"] = {"phase": "Succeeded" if succeeded else "Failed"}
+            now = _now()
+            kind = "Complete" if succeeded else "Failed"
+            condition = {
+                "type": kind,
+                "status": "True",
+                "lastProbeTime": now,
+                "lastTransitionTime": now,
+            }
+            if not succeeded:
+                condition["reason"] = reason or "BackoffLimitExceeded"
+                condition["message"] = "Job has reached the specified backoff limit"
+            status_ = {
+                "startTime": job.get("status", {}).get("startTime", now),
+                "conditions": [condition],
+            }
+            status_["succeeded" if succeeded else "failed"] = 1
+            if succeeded:
+                status_["completionTime"] = now
+            status_["ready"] = 0
+            job["status"] = status_
+            self.revision += 1
+            job["metadata"]["resourceVersion"] = str(self.revision)
+
     def _authenticate(self, authorization: str | None) -> tuple[str, frozenset[tuple[str, str]]]:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() == "bearer" and token in self.tokens:
@@ -1076,6 +1614,139 @@ class FakeKubeApi:
         result["metadata"]["resourceVersion"] = str(self.revision)
         self.nodes[name] = result
         return copy.deepcopy(result)
+
+
+def _invalid_object(kind: str, name: str, causes: list[dict[str, str]]) -> ApiError:
+    """422 as ``errors.NewInvalid(Kind(kind), name, errs)`` writes it."""
+    summary = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+    if len(causes) > 1:
+        summary = f"[{summary}]"
+    details = {"name": name, "kind": kind, "causes": causes}
+    return ApiError(422, status(422, "Invalid", f'{kind} "{name}" is invalid: {summary}', details))
+
+
+def _validate_job(name: str, job: dict[str, Any]) -> None:
+    """What ``ValidateJob`` refuses among the fields this fake knows (422)."""
+    errors: list[dict[str, str]] = []
+    if len(name) > 63 or not _DNS1123_LABEL_RE.fullmatch(name):
+        errors.append(
+            _cause(
+                "FieldValueInvalid",
+                "metadata.name",
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+                "'-', and must start and end with an alphanumeric character (at most 63)",
+            )
+        )
+    spec = job.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    pod_spec = template.get("spec") if isinstance(template, dict) else None
+    if not isinstance(pod_spec, dict):
+        errors.append(_cause("FieldValueRequired", "spec.template.spec", "Required value"))
+        raise _invalid_object("Job", name, errors)
+    assert isinstance(spec, dict)
+    for key in ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"):
+        value = spec.get(key)
+        if value is not None and (
+            not isinstance(value, int) or value < (1 if key == "activeDeadlineSeconds" else 0)
+        ):
+            errors.append(
+                _cause("FieldValueInvalid", f"spec.{key}", "must be greater than or equal to 0")
+            )
+    policy = pod_spec.get("restartPolicy")
+    if policy not in JOB_RESTART_POLICIES:
+        errors.append(
+            _cause(
+                "FieldValueNotSupported",
+                "spec.template.spec.restartPolicy",
+                f'Unsupported value: "{policy}": supported values: "OnFailure", "Never"',
+            )
+        )
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        errors.append(
+            _cause("FieldValueRequired", "spec.template.spec.containers", "Required value")
+        )
+        containers = []
+    for i, container in enumerate(containers):
+        where = f"spec.template.spec.containers[{i}]"
+        if not isinstance(container, dict) or not container.get("name"):
+            errors.append(_cause("FieldValueRequired", f"{where}.name", "Required value"))
+            continue
+        if not container.get("image"):
+            errors.append(_cause("FieldValueRequired", f"{where}.image", "Required value"))
+        for j, env in enumerate(container.get("env") or []):
+            at = f"{where}.env[{j}]"
+            if not isinstance(env, dict) or not _ENV_NAME_RE.fullmatch(str(env.get("name", ""))):
+                errors.append(
+                    _cause("FieldValueInvalid", f"{at}.name", "a valid environment variable name")
+                )
+                continue
+            source = env.get("valueFrom")
+            if env.get("value") and source:
+                errors.append(
+                    _cause(
+                        "FieldValueInvalid",
+                        f"{at}.valueFrom",
+                        "may not be specified when `value` is not empty",
+                    )
+                )
+            if source is not None:
+                ref = source.get("secretKeyRef") if isinstance(source, dict) else None
+                if not isinstance(ref, dict) or not ref.get("name") or not ref.get("key"):
+                    errors.append(
+                        _cause(
+                            "FieldValueRequired", f"{at}.valueFrom.secretKeyRef", "Required value"
+                        )
+                    )
+    for i, toleration in enumerate(pod_spec.get("tolerations") or []):
+        effect = toleration.get("effect") if isinstance(toleration, dict) else None
+        if effect and effect not in TAINT_EFFECTS:
+            errors.append(
+                _cause(
+                    "FieldValueNotSupported",
+                    f"spec.template.spec.tolerations[{i}].effect",
+                    f'Unsupported value: "{effect}"',
+                )
+            )
+        if (
+            isinstance(toleration, dict)
+            and toleration.get("operator") == "Exists"
+            and toleration.get("value")
+        ):
+            errors.append(
+                _cause(
+                    "FieldValueInvalid",
+                    f"spec.template.spec.tolerations[{i}].operator",
+                    "value must be empty when `operator` is 'Exists'",
+                )
+            )
+    if errors:
+        raise _invalid_object("Job", name, errors)
+
+
+def _default_job(job: dict[str, Any]) -> None:
+    """The defaults and labels the apiserver and the Job's REST strategy add on create."""
+    job["kind"], job["apiVersion"] = "Job", "batch/v1"
+    meta = job["metadata"]
+    spec = job["spec"]
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    uid, name = meta["uid"], meta["name"]
+    controller_labels = {
+        "batch.kubernetes.io/controller-uid": uid,
+        "batch.kubernetes.io/job-name": name,
+        "controller-uid": uid,
+        "job-name": name,
+    }
+    spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    template = spec["template"]
+    template_meta = template.setdefault("metadata", {})
+    template_meta["labels"] = {**(template_meta.get("labels") or {}), **controller_labels}
+    meta["generation"] = 1
+    job["status"] = {}
 
 
 def _selects(node: dict[str, Any], requirement: str) -> bool:

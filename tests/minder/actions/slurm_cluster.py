@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -40,7 +41,9 @@ from server_process import stop_process
 logger = logging.getLogger(__name__)
 
 DEFAULT_NODES = ("demo-n0023", "demo-n0024", "demo-n0025")
-BINARIES = ("munged", "slurmctld", "slurmd", "scontrol")
+BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "squeue", "scancel")
+"""The daemons, and the clients the tests run (``sbatch`` and ``squeue`` for jobs, ``srun`` in a
+self-check's batch script, ``scancel``)."""
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 _NODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 _STATE = re.compile(r"^\s+State=(\S+)", re.MULTILINE)
@@ -496,12 +499,35 @@ class SlurmCluster:
         self.scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
 
     def _client(self, name: str, *args: str, timeout_s: float = 30.0) -> str:
+        completed = self.client(name, *args, timeout_s=timeout_s, check=True)
+        return completed.stdout
+
+    def client(
+        self,
+        name: str,
+        *args: str,
+        user: int | None = None,
+        stdin_text: str | None = None,
+        check: bool = True,
+        timeout_s: float = 30.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the Slurm client ``name`` (``sbatch``, ``squeue``, ``scancel``...) against this
+        cluster, in its directory; as the user of uid ``user`` (its primary group, no
+        supplementary groups, through ``setpriv``) instead of root when given."""
         binary = find_binary(name)
         if binary is None:
             raise SlurmClusterError(f"{name} is not installed")
+        command = [binary, *args]
+        if user is not None:
+            setpriv = find_binary("setpriv")
+            if setpriv is None:
+                raise SlurmClusterError("setpriv is not installed (util-linux)")
+            gid = pwd.getpwuid(user).pw_gid
+            command = [setpriv, f"--reuid={user}", f"--regid={gid}", "--clear-groups", *command]
         completed = subprocess.run(
-            [binary, *args],
-            stdin=subprocess.DEVNULL,
+            command,
+            stdin=subprocess.DEVNULL if stdin_text is None else None,
+            input=stdin_text,
             capture_output=True,
             text=True,
             errors="replace",
@@ -510,12 +536,92 @@ class SlurmCluster:
             timeout=timeout_s,
             check=False,
         )
-        if completed.returncode != 0:
+        if check and completed.returncode != 0:
             raise SlurmClusterError(
                 f"{name} {' '.join(args)} exited with {completed.returncode}: "
                 f"{(completed.stdout + completed.stderr).strip()[:500]}"
             )
-        return completed.stdout
+        return completed
+
+    def submit(
+        self, *args: str, user: int | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """``sbatch --parsable --chdir=/tmp --output=/dev/null <args>`` (as ``user`` when given);
+        the job id is the first field of ``stdout`` (see :meth:`job_id_of`)."""
+        return self.client(
+            "sbatch",
+            "--parsable",
+            "--chdir=/tmp",
+            "--output=/dev/null",
+            *args,
+            user=user,
+            check=check,
+        )
+
+    @staticmethod
+    def job_id_of(submitted: subprocess.CompletedProcess[str]) -> str:
+        """The job id ``sbatch --parsable`` printed (``<id>`` or ``<id>;<cluster>``)."""
+        return submitted.stdout.strip().split(";")[0]
+
+    def show_job(self, job_id: str, *, details: bool = False) -> str:
+        """The raw ``scontrol show job [-d] <id>`` output (``""`` once Slurm forgot the job)."""
+        args = ("-d", "show", "job", job_id) if details else ("show", "job", job_id)
+        shown = self.scontrol(*args, check=False)
+        return shown.stdout if shown.returncode == 0 else ""
+
+    def job_state(self, job_id: str) -> str | None:
+        """The job's ``JobState`` (``PENDING``, ``RUNNING``, ``COMPLETED``...), None when unknown."""
+        state = re.search(r"^\s+JobState=(\S+)", self.show_job(job_id), re.MULTILINE)
+        return state.group(1) if state else None
+
+    def job_field(self, job_id: str, field: str) -> str | None:
+        """The value of ``field`` (``NodeList``, ``Reservation``, ``ExitCode``, ``UserId``...)
+        where it starts a word in ``scontrol show job``, None when absent."""
+        found = re.search(rf"(?:^|\s){re.escape(field)}=(\S*)", self.show_job(job_id), re.MULTILINE)
+        return found.group(1) if found else None
+
+    def wait_job(self, job_id: str, states: Iterable[str], timeout_s: float = 60.0) -> str:
+        """Poll job ``job_id`` until its state is one of ``states``; return it."""
+        wanted = frozenset(states)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.job_state(job_id)
+            if state in wanted:
+                assert state is not None
+                return state
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(
+                    f"job {job_id} still {state or 'unknown'} after {timeout_s:g} s, expected "
+                    f"{'/'.join(sorted(wanted))}\n{self.log_tail()}"
+                )
+            time.sleep(0.2)
+
+    def batch_script(self, job_id: str) -> str:
+        """The batch script Slurm stored for job ``job_id`` (``scontrol write batch_script``)."""
+        return self.scontrol("write", "batch_script", job_id, "-").stdout
+
+    def reservations(self) -> str:
+        """The raw ``scontrol show reservation`` output."""
+        return self.scontrol("show", "reservation", check=False).stdout
+
+    def create_reservation(self, name: str, nodes: Sequence[str], *fields: str) -> None:
+        """Create reservation ``name`` of ``nodes`` now, for root, as an operator would
+        (``fields`` such as ``Flags=MAINT`` added)."""
+        self.scontrol(
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={','.join(nodes)}",
+            "Users=root",
+            "StartTime=now",
+            "Duration=UNLIMITED",
+            *fields,
+        )
+
+    def delete_reservation(self, name: str) -> None:
+        """Delete reservation ``name`` if it exists."""
+        self.scontrol("delete", f"ReservationName={name}", check=False)
 
     def submit_sleep(
         self, node: str | Sequence[str], seconds: int = 60, timeout_s: float = 30.0

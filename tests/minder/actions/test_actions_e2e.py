@@ -12,9 +12,6 @@ one machine per hour (2 % of 32 machines).
 from __future__ import annotations
 
 import sys
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +20,11 @@ import pytest
 from alertmanager_server import alertmanager_server
 from prometheus_client import CollectorRegistry
 from server_process import wait_for
-from service_settings import cluster_keys
+from service_settings import isolated_settings, send_scenario
 
-from collectors.sim.output import iter_batches
 from collectors.sim.scenario import Scenario
-from minder.config import Settings
-from minder.core.signing import FleetSigner, load_cluster_keys
 from minder.service.stack import build_stack
-from minder.stream import BatchProducer, EmbeddedBroker
-from minder.stream.broker import free_port
+from minder.stream import EmbeddedBroker
 
 # The Alertmanager harness lives beside the delivery tests; pytest puts only this folder on
 # sys.path for these tests.
@@ -68,27 +61,16 @@ def _scenario(job_id: str) -> Scenario:
     )
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker() as running:
-        yield running
-
-
 def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
     slurm_cluster: Any, broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
     # the job the agents' SLURM_JOB_ID names, running on the faulty node
     job_id = slurm_cluster.submit_sleep(FAULTY, seconds=600)
     with alertmanager_server(tmp_path / "am") as am:
-        settings = Settings()
-        suffix = uuid.uuid4().hex[:8]
-        settings.kafka.bootstrap = broker.bootstrap
-        settings.kafka.metrics_topic = f"metrics-{suffix}"
-        settings.kafka.alerts_topic = f"alerts-{suffix}"
-        settings.kafka.deadletter_topic = f"dead-{suffix}"
-        settings.kafka.group_id = f"detect-{suffix}"
-        settings.database.url = f"sqlite:///{tmp_path / 'minder.db'}"
-        settings.api.port = free_port()
+        # batches must be signed (the cluster key of isolated_settings), as the agents sign them
+        settings = isolated_settings(
+            broker.bootstrap, f"sqlite:///{tmp_path / 'minder.db'}", partitions=4
+        )
         settings.api.token = "operator-token"
         settings.api.external_url = f"http://127.0.0.1:{settings.api.port}"
         settings.alertmanager.url = am.url
@@ -96,20 +78,10 @@ def test_a_fault_drains_its_node_and_a_false_positive_resumes_it(
         settings.actions.enforce = True
         settings.actions.scontrol = slurm_cluster.scontrol_path
         settings.actions.slurm_conf = slurm_cluster.conf_path
-        settings.auth.keys_file = cluster_keys()  # batches are signed, as the agents sign them
-        signer = FleetSigner(load_cluster_keys(settings.auth.keys_file)[-1])
         stack = build_stack(settings, registry=CollectorRegistry())
         stack.start()
         try:
-            scenario = _scenario(job_id)
-            start = time.time() - scenario.duration_s
-            with BatchProducer(
-                broker.bootstrap, topic=settings.kafka.metrics_topic, signer=signer
-            ) as producer:
-                for _, batches in iter_batches(scenario, start_ts=start):
-                    for batch in batches:
-                        producer.send(batch)
-                producer.flush()
+            send_scenario(settings, _scenario(job_id))
 
             def drained() -> tuple[frozenset[str], str] | None:
                 flags, reason = slurm_cluster.node_state(FAULTY)

@@ -24,6 +24,8 @@ from minder.core.errors import ValidationError
 from minder.delivery.worker import Backoff, DeliveryWorker
 from minder.storage import SessionFactory, create_engine_for, session_factory, upgrade_database
 from minder.storage.actions import (
+    RESUME_OPERATION,
+    audit,
     get_breaker,
     list_audit,
     machines_acted_on,
@@ -38,6 +40,7 @@ from minder.storage.outbox import (
     change_alert_status,
     list_deliveries,
     record_alert_with_events,
+    record_selfcheck_verdict,
 )
 from minder.storage.records import MachineInfo
 
@@ -557,3 +560,100 @@ def test_an_actuator_that_cannot_check_is_refused(sessions: SessionFactory) -> N
 def test_a_bad_policy_is_refused_naming_the_value(kwargs: dict) -> None:
     with pytest.raises(ValidationError):
         ActionPolicy(**kwargs)
+
+
+# -- self-checks (issue 24) ------------------------------------------------------------------------
+
+
+@dataclass
+class Marked(Recording):
+    """A target that undoes only Minder's own mark, as Slurm and Kubernetes do: ``marks`` holds
+    the (node, alert) it drained; a self-check launcher's release removes the mark first."""
+
+    marks: set[tuple[str, str]] = field(default_factory=set)
+
+    def apply(self, node: str, *, alert_id: str, reason: str) -> ActionOutcome:
+        done = super().apply(node, alert_id=alert_id, reason=reason)
+        self.marks.add((node, alert_id))
+        return done
+
+    def undo(self, node: str, *, alert_id: str) -> ActionOutcome:
+        self.undone.append((node, alert_id))
+        if (node, alert_id) not in self.marks:
+            return ActionOutcome(self.name, node, "resume", False, "no mark of Minder's: left")
+        self.marks.discard((node, alert_id))
+        return ActionOutcome(self.name, node, "resume", True, f"resumed {node}")
+
+
+@pytest.mark.parametrize("released_first", [True, False])
+def test_a_cleared_alert_is_undone_harmlessly_after_the_launchers_release(
+    sessions: SessionFactory, released_first: bool
+) -> None:
+    """``alert.cleared_by_selfcheck`` is an undo: after the launcher returned the node it finds
+    no mark and is audited unchanged; where a launcher left the mark, it returns the node."""
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.actuator = Marked()
+    h.executor.actuator = h.actuator
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    assert h.actuator.marks == {("j-n0001", alert.id)}
+    if released_first:
+        h.actuator.marks.clear()  # the launcher's release(passed=True) returned the node
+    with sessions.begin() as session:
+        record_selfcheck_verdict(session, alert.id, AlertStatus.CLEARED_BY_SELFCHECK,
+                                 {"check_id": "c1", "verdict": "pass"}, h.destinations,
+                                 event=AlertEvent.CLEARED_BY_SELFCHECK)  # fmt: skip
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)] and h.actuator.marks == set()
+    assert h.outcomes()[-1] == (
+        "j-n0001", "resume", "unchanged" if released_first else "applied")  # fmt: skip
+
+
+def test_an_applied_drain_wakes_the_selfcheck_service(sessions: SessionFactory) -> None:
+    woken: list[str] = []
+    dry = Harness(sessions, ActionPolicy())
+    dry.executor.on_applied = lambda: woken.append("dry")
+    dry.raise_alert("j-n0001")
+    dry.run()
+    assert woken == []  # a dry run takes nothing out
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    h.executor.on_applied = lambda: woken.append("enforce")
+    alert = h.raise_alert("j-n0002")
+    h.run()
+    assert woken == ["enforce"]
+    h.set_status(alert, AlertStatus.RESOLVED)
+    h.run()
+    assert woken == ["enforce"] and h.actuator.undone == [("j-n0002", alert.id)]
+
+
+def test_the_breaker_counts_the_returns_of_passed_selfchecks(sessions: SessionFactory) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True, max_per_job=2, max_fraction=0.5))
+    h.raise_alert("j-n0001")
+    h.run()
+    with sessions.begin() as session:  # a passed self-check returned another node of job j
+        audit(session, target="slurm", operation=RESUME_OPERATION, mode="enforce",
+              outcome="started", detail="returning j-n0009", alert_id="a9", job="j",
+              machine="j-n0009", node="j-n0009")  # fmt: skip
+    h.raise_alert("j-n0002")
+    h.run()
+    assert [node for node, _ in h.actuator.applied] == ["j-n0001"]
+    with sessions() as session:
+        state = get_breaker(session, BREAKER)
+    assert state.tripped and "3 returns and drains of job j" in (state.reason or "")
+
+
+def test_a_confirmed_alert_still_holds_its_node_until_a_person_ends_it(
+    sessions: SessionFactory,
+) -> None:
+    h = Harness(sessions, ActionPolicy(enforce=True))
+    alert = h.raise_alert("j-n0001")
+    h.run()
+    with sessions.begin() as session:
+        record_selfcheck_verdict(session, alert.id, AlertStatus.CONFIRMED,
+                                 {"check_id": "c1", "verdict": "fail"}, h.destinations,
+                                 event=AlertEvent.CONFIRMED)  # fmt: skip
+    h.run()
+    assert h.actuator.undone == []  # confirmed is no end: the node stays out
+    h.set_status(alert, AlertStatus.RESOLVED)
+    h.run()
+    assert h.actuator.undone == [("j-n0001", alert.id)]

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 NODES = {"demo-n0023": (0, 2), "demo-n0024": (1, 3)}
 CULPRIT_NODE = "demo-n0024"
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker() as running:
-        yield running
 
 
 def _agent(

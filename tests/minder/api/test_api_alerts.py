@@ -12,6 +12,10 @@ from minder.api import create_app
 from minder.core.alert import Alert, AlertKind, AlertStatus
 from minder.storage import SessionFactory, get_alert, record_alert, set_alert_status
 
+ALL_STATUSES = (
+    "'open', 'acknowledged', 'resolved', 'false_positive', 'confirmed' or 'cleared_by_selfcheck'"
+)
+
 
 def alert(
     machine: str,
@@ -110,7 +114,7 @@ def test_alert_items_carry_every_field(client: TestClient, seeded: dict[str, Ale
             {"kind": "bogus"},
             "'rule', 'similarity', 'straggler', 'silence', 'hang' or 'suspicious_source'",
         ),
-        ({"status": "closed"}, "'open', 'acknowledged', 'resolved' or 'false_positive'"),
+        ({"status": "closed"}, ALL_STATUSES),
         ({"limit": 0}, "greater than or equal to 1"),
         ({"limit": 501}, "less than or equal to 500"),
         ({"offset": -1}, "greater than or equal to 0"),
@@ -168,7 +172,21 @@ def test_patch_refuses_bad_bodies(
     response = client.patch(f"/api/v1/alerts/{seeded['a'].id}", json=body)
     assert response.status_code == 422
     if body.get("status") == "done":
-        assert "'open', 'acknowledged', 'resolved' or 'false_positive'" in response.text
+        assert ALL_STATUSES in response.text
+
+
+@pytest.mark.parametrize("status", ["confirmed", "cleared_by_selfcheck"])
+def test_a_person_cannot_set_a_self_check_verdict(
+    client: TestClient, sessions: SessionFactory, seeded: dict[str, Alert], status: str
+) -> None:
+    """Only the self-check service reaches these statuses, from an authenticated verdict."""
+    a = seeded["a"]
+    response = client.patch(f"/api/v1/alerts/{a.id}", json={"status": status})
+    assert response.status_code == 409
+    assert status not in response.json()["allowed"]
+    assert "resolved" in response.json()["allowed"]
+    with sessions() as session:
+        assert get_alert(session, a.id).status is AlertStatus.OPEN
 
 
 def test_token_guards_mutations_and_reads(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from collectors.sim import Scenario, iter_batches
 from detectors.methods import default_factory
-from minder.core.records import NodeBatch
+from minder.core.alert import Alert
+from minder.core.records import Event, EventKind, NodeBatch
 from minder.service.engine import DetectionService
 from minder.service.telemetry import ServiceMetrics
 
@@ -192,3 +194,92 @@ def test_an_ingest_spanning_more_than_the_window_is_evaluated_part_way() -> None
     key = [(a.machine, a.kind, a.metric, a.first_ts, a.detected_ts) for a in expected]
     assert [(a.machine, a.kind, a.metric, a.first_ts, a.detected_ts) for a in got] == key
     assert {a.machine for a in expected} == {"b-n0005", "b-n0002"}
+
+
+def _samples(rng: np.random.Generator, dead: bool, waiting: bool) -> list[tuple[str, str, float]]:
+    util = 0.0 if dead else (1.0 if waiting else 0.95 + rng.normal(0, 0.01))
+    power = 76.0 if dead else (160.0 if waiting else 600.0) + rng.normal(0, 6)
+    out = [("gpu_util_ratio", f"gpu{g}", util) for g in range(4)]
+    return out + [("gpu_power_watts", f"gpu{g}", power) for g in range(4)]
+
+
+ORIGIN = 1_800_000_000
+
+
+def _run(
+    service: DetectionService,
+    clock: Clock,
+    seconds: range,
+    jobs: dict[str, tuple[str, int]],
+    rng: np.random.Generator,
+) -> list[Alert]:
+    """One batch per machine per second of ``seconds`` for each job in ``jobs`` (16 machines
+    of 4 GPUs; ``(machine, at)``: that machine's process dies at second ``at`` and the others
+    spin in the collective that waits for it); the clock follows the data. Returns the alerts."""
+    alerts = []
+    for sec in seconds:
+        batches = []
+        for job, (dies, at) in jobs.items():
+            for i in range(16):
+                machine = f"{job}-n{i:02d}"
+                samples = _samples(rng, machine == dies and sec >= at, sec >= at)
+                batches.append(NodeBatch(job, machine, ORIGIN + sec, samples=samples))
+        clock.now = ORIGIN + sec + 1.0
+        service.ingest(batches)
+        alerts += service.tick()
+    return alerts
+
+
+def _named(alerts: list[Alert]) -> list[tuple[str, object]]:
+    return [(a.machine, a.evidence.get("apart_at_end")) for a in alerts]
+
+
+def test_a_job_killed_by_its_fault_names_the_machine_when_its_data_ends() -> None:
+    """The process on t-n05 dies 8 s before the job is torn down: too short for continuity at
+    1 s. The job's data ends (nothing of it for JOB_STOPPED_S while another job still reports)
+    and the service tells the detector once: the machine is named."""
+    clock, rng = Clock(), np.random.default_rng(3)
+    service = _service(clock)
+    healthy = ("none", 10**6)
+    both = {"t": ("t-n05", 150), "other": healthy}
+    assert _run(service, clock, range(158), both, rng) == []
+    assert _run(service, clock, range(158, 163), {"other": healthy}, rng) == []  # a pause
+    alerts = _run(service, clock, range(163, 170), {"other": healthy}, rng)
+    assert _named(alerts) == [("t-n05", True)]
+    assert alerts[0].detected_ts == ORIGIN + 157  # the job's last second, evaluated
+    assert _run(service, clock, range(170, 200), {"other": healthy}, rng) == []  # told once
+
+
+def test_the_last_goodbyes_evaluate_the_jobs_last_seconds_then_end_it() -> None:
+    """Every machine's goodbye comes right after its last data: the seconds the grace still
+    held are evaluated first, then the job's data ended, and the machine is named."""
+    clock, rng = Clock(), np.random.default_rng(3)
+    service = _service(clock)
+    assert _run(service, clock, range(158), {"t": ("t-n05", 150)}, rng) == []
+    ts = ORIGIN + 158
+    service.ingest([NodeBatch("t", f"t-n{i:02d}", ts, events=[
+        Event(EventKind.LEAVE, "", ts, None, "agent stopped")]) for i in range(16)])  # fmt: skip
+    alerts = service.tick()
+    assert _named(alerts) == [("t-n05", True)]
+    assert alerts[0].detected_ts == ORIGIN + 157  # not 155: the grace's seconds came first
+
+
+def test_a_stream_that_stalls_as_a_whole_ends_no_job() -> None:
+    """A broker outage: no job's data arrives for a minute. That is no job's end: nothing is
+    named for it, and the job goes on when the data comes back."""
+    clock, rng = Clock(), np.random.default_rng(3)
+    service = _service(clock)
+    assert _run(service, clock, range(158), {"t": ("t-n05", 150)}, rng) == []
+    for _ in range(6):
+        clock.now += 10.0
+        assert service.tick() == []
+    assert not service.jobs["t"].finished
+
+
+def test_a_healthy_job_whose_data_ends_names_nobody() -> None:
+    clock, rng = Clock(), np.random.default_rng(3)
+    service = _service(clock)
+    healthy = ("none", 10**6)
+    assert _run(service, clock, range(158), {"t": healthy, "other": healthy}, rng) == []
+    assert _run(service, clock, range(158, 200), {"other": healthy}, rng) == []
+    assert service.jobs["t"].finished

@@ -46,12 +46,14 @@ TABLES = {
     "wire_layouts",
     "job_findings",
     "job_hangs",
+    "selfchecks",
 }
-HEAD = frozenset({"0007"})
+HEAD = frozenset({"0008"})
 NEW_IN_0003 = {"outbox", "action_audit", "breakers", "job_settings"}
 NEW_IN_0004 = {"wire_layouts"}
 NEW_IN_0005 = {"job_findings"}
 NEW_IN_0006 = {"job_hangs"}
+NEW_IN_0008 = {"selfchecks"}
 
 
 def _job_before_0007(
@@ -184,9 +186,17 @@ def test_whatif_reports_migration_upgrades_from_0001_and_downgrades_to_it(
         command.downgrade(config, "0001")
     assert current_revisions(empty_engine) == frozenset({"0001"})
     tables = set(inspect(empty_engine).get_table_names())
-    assert not tables & {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005, *NEW_IN_0006}
+    assert not tables & {
+        "whatif_reports",
+        *NEW_IN_0003,
+        *NEW_IN_0004,
+        *NEW_IN_0005,
+        *NEW_IN_0006,
+        *NEW_IN_0008,
+    }
     assert (
-        TABLES - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005, *NEW_IN_0006}
+        TABLES
+        - {"whatif_reports", *NEW_IN_0003, *NEW_IN_0004, *NEW_IN_0005, *NEW_IN_0006, *NEW_IN_0008}
         <= tables
     )
     with sessions() as session:
@@ -208,7 +218,7 @@ def test_outbox_migration_downgrades_to_0002_keeping_alerts(empty_engine: Engine
         command.downgrade(config, "0002")
     tables = set(inspect(empty_engine).get_table_names())
     assert (
-        not tables & (NEW_IN_0003 | NEW_IN_0004 | NEW_IN_0005 | NEW_IN_0006)
+        not tables & (NEW_IN_0003 | NEW_IN_0004 | NEW_IN_0005 | NEW_IN_0006 | NEW_IN_0008)
         and "whatif_reports" in tables
     )
     upgrade_database(empty_engine)
@@ -334,3 +344,29 @@ def test_job_lifecycle_migration_keeps_jobs_and_makes_finished_ones_ended(
         assert "active_machines" not in {c["name"] for c in inspect(connection).get_columns("jobs")}
         rows = connection.execute(text("SELECT id, status FROM jobs ORDER BY id")).all()
     assert [tuple(r) for r in rows] == [("done", "finished"), ("running", "finished")]
+
+
+def test_selfchecks_migration_upgrades_from_0007_keeping_alerts_and_downgrades(
+    empty_engine: Engine,
+) -> None:
+    """0008 adds ``selfchecks`` beside the alerts it answers; a downgrade drops it and keeps
+    the alerts (a self-check's verdict stays in their evidence)."""
+    upgrade_database(empty_engine, "0007")
+    sessions = session_factory(empty_engine)
+    alert = Alert(job="j", machine="m", kind=AlertKind.RULE, metric="gpu_xid_count", score=1.0,
+                  first_ts=1.0, detected_ts=2.0)  # fmt: skip
+    with sessions.begin() as session:
+        record_alert(session, alert)
+    upgrade_database(empty_engine)
+    assert current_revisions(empty_engine) == HEAD
+    with empty_engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    with empty_engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0007")
+    tables = set(inspect(empty_engine).get_table_names())
+    assert "selfchecks" not in tables and "alerts" in tables
+    with sessions() as session:
+        assert [a.id for a in list_alerts(session)[0]] == [alert.id]

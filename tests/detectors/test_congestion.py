@@ -1,0 +1,75 @@
+"""Congestion counters are judged by ratio to the peers (docs/detection-method.md §10).
+
+Healthy ports of one job pause at rates that differ by a factor; a fault is a surge. The tables
+are built here with their own noise and a job-wide swing every sample (the step's phases read
+at a fixed phase), not by the simulators.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_standing import _named, _table
+
+from detectors.config import CONGESTION_COUNTERS, METRIC_REL_FLOORS
+
+T, N, ONSET, LASTS = 240, 32, 60, 60
+
+
+def _pauses(seed: int, ratio: float, level: float = 1.0, *, alternate: bool = False) -> np.ndarray:
+    """Ports near ``level`` x 100/s with 5 % noise each, moving together by one common factor:
+    a slow random walk, or (``alternate``) 1x and 4x on alternate samples (the step's phases
+    read at a fixed phase); port 7 at ``ratio`` times its peers for ``LASTS`` samples from
+    ``ONSET``."""
+    rng = np.random.default_rng(seed)
+    if alternate:
+        common = np.where(np.arange(T) % 2 == 0, 1.0, 4.0)
+    else:
+        common = np.exp(np.cumsum(rng.normal(0.0, 0.05, T)))
+    cube = 100.0 * common[:, None] * np.exp(rng.normal(0.0, 0.05, size=(T, N)))
+    cube[ONSET : ONSET + LASTS, 7] *= ratio
+    return cube * level
+
+
+def test_every_congestion_counter_takes_the_ratio_floor() -> None:
+    assert set(METRIC_REL_FLOORS) >= CONGESTION_COUNTERS
+    assert all(METRIC_REL_FLOORS[m] == 0.25 for m in CONGESTION_COUNTERS)
+    assert "rdma_tx_bytes_per_second" not in METRIC_REL_FLOORS
+
+
+@pytest.mark.parametrize("metric", sorted(CONGESTION_COUNTERS))
+@pytest.mark.parametrize("interval_s", [1, 60])
+def test_a_port_pausing_twice_as_often_as_its_peers_is_no_fault(
+    metric: str, interval_s: int
+) -> None:
+    assert _named(_table(_pauses(1, 2.0), metric, interval_s, "mlx5_0")) == set()
+
+
+@pytest.mark.parametrize("metric", sorted(CONGESTION_COUNTERS))
+@pytest.mark.parametrize("interval_s", [1, 60])
+def test_a_surge_is_named(metric: str, interval_s: int) -> None:
+    assert _named(_table(_pauses(2, 4.0), metric, interval_s, "mlx5_0")) == {"m007"}
+    # Phases that swing 4x every sample cost a surge up to one phase's worth at coarse sampling:
+    # each machine is judged at the lag that fits it best (docs/detection-method.md §10).
+    surge = _pauses(2, 6.0, alternate=True)
+    assert _named(_table(surge, metric, interval_s, "mlx5_0")) == {"m007"}
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    ratio=st.one_of(st.floats(1.2, 2.2), st.floats(3.2, 8.0)),
+    level=st.sampled_from([1.0, 8.0, 1e3]),
+    interval_s=st.sampled_from([5, 15, 60]),
+)
+def test_named_by_ratio_whatever_the_level(
+    seed: int, ratio: float, level: float, interval_s: int
+) -> None:
+    """A surge (3.2x or more) is named and a port within 2.2x of its peers is not, at any
+    level and through a common drift: the floor is a ratio, so it scales with the counts
+    (levels stay above the absolute floor of 10/s, which does not)."""
+    table = _table(_pauses(seed, ratio, level), "pfc_tx_pause_per_second", interval_s, "mlx5_0")
+    expected = {"m007"} if ratio >= 3.2 else set()
+    assert _named(table) == expected
