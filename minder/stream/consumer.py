@@ -318,6 +318,9 @@ class BatchConsumer:
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
         self._cluster_id: str | None = None  # of the brokers this member last read from
         self._clusters_seen: set[str] = set()
+        # After a new cluster: the partitions whose committed offset this member made knowing
+        # it (None: every commit is trusted, no cluster change seen).
+        self._trusted: set[TopicPartition] | None = None
         self._flip_logged = False
         self._auto_offset_reset = auto_offset_reset
         self._closed = False
@@ -722,6 +725,8 @@ class BatchConsumer:
             logger.warning("offset commit failed (messages may be redelivered): %r", exc)
             return False
         self.stats.commits += 1
+        if self._trusted is not None:
+            self._trusted.update(offsets)
         # Forget the dead letters the commit covers; later ones may still be redelivered.
         self._pending_dead = {
             (tp, offset)
@@ -781,12 +786,13 @@ class BatchConsumer:
                     before[:MAX_ID_CHARS],
                 )
             return None
+        owned = self._consumer.assignment()
         logger.warning(
-            "the Kafka brokers now answer as cluster %s, not %s: their logs are new; partitions "
-            "%s start again from the %s",
+            "the Kafka brokers now answer as cluster %s, not %s: their logs are new; %s start "
+            "again from the %s",
             current[:MAX_ID_CHARS],
             before[:MAX_ID_CHARS],
-            _names(self._consumer.assignment()),
+            f"partitions {_names(owned)}" if owned else "the partitions assigned next",
             "beginning" if self._auto_offset_reset == "earliest" else "end",
         )
         return current
@@ -810,6 +816,11 @@ class BatchConsumer:
         self._dead_attempts.clear()
         self._handler_tries.clear()
         self._reposition -= owned
+        # A commit in the new cluster made before this member saw its id (the fetch at a stale
+        # position can land before the metadata that names the new cluster) is a position of
+        # the old logs: until this member commits a partition itself, a rebalance that assigns
+        # it starts it again too, never at that commit.
+        self._trusted = set()
         self._cluster_id = cluster_id
         self._clusters_seen.add(cluster_id)
         self.stats.cluster_changes += 1
@@ -821,7 +832,10 @@ class BatchConsumer:
         kafka-python keeps the in-memory position of a partition that stays with this member
         across a rebalance. The group's committed offset is the truth after a rebalance: the
         position may be ahead of it (a poll that failed, then a rebalance) or stale (the broker
-        lost its data and was restarted: Tansu keeps everything in memory).
+        lost its data and was restarted: Tansu keeps everything in memory). After a new cluster
+        (:meth:`_new_cluster`), a partition this member has not committed in it yet starts from
+        the beginning (or the end) whatever its committed offset: that offset may come from a
+        read at a position of the old logs, made before the new id was known.
         """
         targets, self._reposition = self._reposition, set()
         if self.authenticator is not None:
@@ -829,12 +843,22 @@ class BatchConsumer:
         owned = self._consumer.assignment()
         done: set[TopicPartition] = set()
         for tp in sorted(targets & owned):
-            try:
-                offset = self._consumer.committed(tp)
-            except KafkaError as exc:
-                logger.warning("cannot read the committed offset of %s: %r", tp, exc)
-                self._reposition.add(tp)  # try again at the next poll
-                continue
+            if self._trusted is not None and tp not in self._trusted:
+                logger.info(
+                    "%s[%d] not committed by this member since the cluster changed: starting it "
+                    "again from the %s",
+                    tp.topic,
+                    tp.partition,
+                    "beginning" if self._auto_offset_reset == "earliest" else "end",
+                )
+                offset = None
+            else:
+                try:
+                    offset = self._consumer.committed(tp)
+                except KafkaError as exc:
+                    logger.warning("cannot read the committed offset of %s: %r", tp, exc)
+                    self._reposition.add(tp)  # try again at the next poll
+                    continue
             if offset is not None:
                 self._consumer.seek(tp, offset)
                 self._offsets[tp] = offset

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kafka import KafkaAdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from minder.core.errors import BrokerError
-from minder.core.records import NodeBatch
+from minder.core.records import METRICS_TOPIC, NodeBatch
 from minder.stream import (
     BatchConsumer,
     BatchProducer,
@@ -228,10 +229,9 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
     """Positions and committed offsets of logs that are gone mean nothing in the new ones: a
     position below the new log's end would silently skip what was written there first.
 
-    Nothing is lost end to end, and the new id is seen and said. The group's rejoin after the
-    restart repositions too (the new broker has no committed offset), so this does not prove
-    the cluster id's seek alone recovers: with the rejoin's repositioning switched off, batches
-    of the new log were lost on an idle machine (an open defect, see the issue's note)."""
+    Nothing is lost end to end, and the new id is seen and said. The rejoin after the restart
+    can repeat what the cluster id's seek did (the new broker has no committed offset); a
+    commit made before the new id was seen is the next test's case."""
     topics = minder_topics(1)
     with EmbeddedBroker(topics=topics) as broker:
         received: list[NodeBatch] = []
@@ -264,6 +264,47 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
                 assert consumer.stats.cluster_changes == 1
                 assert consumer.stats.consumed == consumed
                 assert caplog.text.count("again, after") == 1
+
+
+def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batch) -> None:
+    """The fetch at a stale position can land before the metadata that names the new cluster,
+    and a commit of what it read then is a position of the old logs in the new one. A rebalance
+    must not follow it: the partition starts again from the beginning until this member has
+    committed it knowing the new cluster.
+
+    The stale commit is written here by a plain client (Tansu accepts a commit outside a
+    generation into a group with no member), as the member's own commit after the restart
+    would: offset 9 of the new log, past the batches written to it first."""
+    topics = minder_topics(1)
+    with EmbeddedBroker(topics=topics) as broker:
+        received: list[NodeBatch] = []
+        with (
+            BatchProducer(broker.bootstrap) as producer,
+            BatchConsumer(broker.bootstrap, group_id="stale-commit", **FAST) as consumer,
+        ):
+            for i in range(6):
+                producer.send(make_batch("a", "n0", T0 + i))
+            producer.flush(10)
+            _poll_until(consumer, received, 6)
+            broker.restart()
+            for i in range(6, 15):  # offsets 0-8 of the new log
+                producer.send(make_batch("a", "n0", T0 + i))
+            producer.flush(30)
+            stale = KafkaConsumer(
+                bootstrap_servers=broker.bootstrap,
+                group_id="stale-commit",
+                enable_auto_commit=False,
+            )
+            try:
+                tp = TopicPartition(METRICS_TOPIC, 0)
+                stale.assign([tp])
+                stale.commit(offsets={tp: OffsetAndMetadata(9, "", -1)})
+                assert stale.committed(tp) == 9
+            finally:
+                close_client(stale, autocommit=False)
+            _poll_until(consumer, received, 15)
+            assert {int(b.ts - T0) for b in received} == set(range(15))
+            assert consumer.stats.cluster_changes == 1
 
 
 def _poll_until(consumer: BatchConsumer, received: list[NodeBatch], distinct: int) -> None:
