@@ -118,6 +118,12 @@ class HangConfig:
         loading, compiling: not hung).
     max_pause_s
         Longest a reported pause hides a stall, counted from the last step.
+    own_pause_factor
+        After a stall that ended by itself (every rank stopped at the same step, none first,
+        no restart, no flight-recorder culprit: a checkpoint or an evaluation the loop did not
+        report as a pause), a later stall is a hang only past this many times the longest such
+        stall (and never later than ``max_pause_s``): the job has shown it stops that long on
+        its own. 0 turns it off.
     settle_s
         Seconds of data without a new flight-recorder summary before the ones received are
         analysed, unless every rank their groups name has sent one. The dumps of one hang are
@@ -141,6 +147,7 @@ class HangConfig:
     min_step_factor: float = 2.0
     min_advances: int = 3
     max_pause_s: float = 1800.0
+    own_pause_factor: float = 1.5
     settle_s: float = 30.0
     max_summaries: int = 65_536
     alive_intervals: float = 3.0
@@ -160,6 +167,9 @@ class HangConfig:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"hang {name} is {value!r}: expected seconds >= 0")
+        factor = self.own_pause_factor
+        if not (isinstance(factor, int | float) and (factor == 0 or 1 <= factor <= 100)):
+            raise ValueError(f"hang own_pause_factor is {factor!r}: expected 0 (off) or 1 to 100")
         if isinstance(self.min_advances, bool) or self.min_advances < 1:
             raise ValueError(f"hang min_advances is {self.min_advances!r}: expected >= 1")
         if not 0 < self.min_alive_share <= 1:
@@ -234,6 +244,8 @@ class _Episode:
     """Culprit ranks of each machine's flight-recorder alert raised."""
     machines: set[str] = field(default_factory=set)
     """Machines alerted in this episode."""
+    restarts: int = 0
+    """The detector's restart count when the episode opened."""
 
 
 @dataclass(slots=True)
@@ -306,6 +318,8 @@ class HangDetector:
         """Data second the latest summary was taken."""
         self._analysed = True
         self._analysis: HangAnalysis | None = None
+        self._own_pause_s = 0
+        """The longest stall of this job that ended by itself (see ``own_pause_factor``)."""
 
     # -- JobDetector ------------------------------------------------------------------------
     @property
@@ -501,6 +515,9 @@ class HangDetector:
         interval = float(intervals[alive].max())
         bound = cfg.bound_s(median)
         threshold = max(bound - interval + 1.0, 1.0)
+        if self._own_pause_s and cfg.own_pause_factor:
+            threshold = max(threshold, min(cfg.own_pause_factor * self._own_pause_s,
+                                           cfg.max_pause_s))  # fmt: skip
         if stalled < threshold:
             return []
         return self._open_live(
@@ -602,6 +619,7 @@ class HangDetector:
             "same_step": how == "same_step",
             "threshold_s": float(threshold),
             "bound_s": float(bound),
+            "own_pause_s": float(self._own_pause_s) if self._own_pause_s else None,
             "interval_s": float(interval),
             "detail": _live_detail(first.size, how, last_number),
         }
@@ -618,7 +636,9 @@ class HangDetector:
             detected_ts=float(now),
             evidence=evidence,
         )
-        episode = _Episode(first_ts, last_step, job_alert.id, live=evidence)
+        episode = _Episode(
+            first_ts, last_step, job_alert.id, live=evidence, restarts=self.stats.restarts
+        )
         self._episode = episode
         out = [job_alert]
         culprits = []
@@ -697,6 +717,7 @@ class HangDetector:
     def _end_episode(self, window: JobWindow, now: int, last_step: int) -> None:
         episode = self._episode
         assert episode is not None
+        self._learn_own_pause(window, episode, last_step)
         logger.info(
             "job %s: steps advance again at %d: the hang of %.0f is over",
             window.job[:64],
@@ -712,6 +733,30 @@ class HangDetector:
                 analysed_ts=float(now),
                 notes=(f"steps advance again at {last_step}: the hang is over",),
             )
+
+    def _learn_own_pause(self, window: JobWindow, episode: _Episode, last_step: int) -> None:
+        """Keep the length of a stall that ended by itself: every rank stopped at the same
+        step (no rank first), no restart, no flight-recorder culprit, with steps counted since
+        (the live rule opened it): the job's own unreported pause, a checkpoint or an eval."""
+        if (
+            not self.config.own_pause_factor
+            or not episode.live
+            or episode.live.get("stopped_first_ranks")
+            or episode.recorder_culprits
+            or self.stats.restarts != episode.restarts
+        ):
+            return
+        stall = last_step - episode.last_step_ts
+        if stall <= self._own_pause_s:
+            return
+        self._own_pause_s = stall
+        logger.info(
+            "job %s: a stall of %d s ended by itself, every rank at one step: stalls up to "
+            "%.0f s are taken as its own pauses from now on (report them with probe.pause)",
+            window.job[:64],
+            stall,
+            min(self.config.own_pause_factor * stall, self.config.max_pause_s),
+        )
 
     def _job_left(self, window: JobWindow, now: int) -> None:
         """No machine holding ranks is in the job any more: it ended (or scaled to zero); the

@@ -16,8 +16,10 @@ Matching (per case, against :func:`collectors.sim.labels.scenario_labels`):
   rebooted switch, a second alert on the same machine) are *duplicates*: reported, and left out
   of precision altogether, so a method that names each machine of a domain is neither rewarded
   nor punished against one that names the domain once.
-* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine; it is
-  left out (neither a hit nor a false alarm). A hang's culprit machines have alerts of their
+* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine. In a
+  faulty case it is left out (neither a hit nor a false alarm: a fault that halts the job
+  stalls its steps too); in a fault-free case it is a false alarm like any other (a checkpoint
+  taken for a hang pages someone all the same). A hang's culprit machines have alerts of their
   own, and those are matched like any machine alert.
 * Every other alert is a false positive; those of fault-free cases are the false alarms per
   1000 machine-hours.
@@ -226,9 +228,11 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
     count: dict[int, int] = {}
     for alert in sorted(run.alerts, key=lambda a: (a.detected_ts, a.machine, a.metric)):
         if not alert.machine:
-            # A job-level alert (a hang: the whole job stopped) names no machine: it is a
-            # verdict on the job, not an attribution, so it is neither a hit nor a false alarm
-            # here; its culprits come as alerts of their own.
+            # A job-level alert (a hang: the whole job stopped) names no machine: in a faulty
+            # case a verdict on the job, not an attribution (its culprits come as alerts of
+            # their own); in a fault-free case a false alarm.
+            if run.fault is None:
+                matches.append(AlertMatch(alert, None))
             continue
         if alert.evidence.get("verdict") == "stage":
             table = by_stage  # a stage straggler names its group

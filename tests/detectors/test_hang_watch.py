@@ -332,7 +332,11 @@ def test_resumed_job_then_second_hang_two_alerts(interval: int) -> None:
     job = Job(
         interval=interval, hang_at=150.0, resume_at=300.0, hang2_at=500.0, seconds=700, step_s=2.0
     )
-    alerts, detector, _ = run(job)
+    # Learning off: the first stall ended by itself, which would otherwise delay the second
+    # alert to 1.5x its length (the next tests).
+    alerts, detector, _ = run(
+        job, HangDetector(HangConfig(own_pause_factor=0), analyze=_no_analysis)
+    )
     first, second = job_alerts(alerts)
     assert first.id != second.id
     assert first.first_ts == job.last_step_report(before=150.0)
@@ -341,6 +345,54 @@ def test_resumed_job_then_second_hang_two_alerts(interval: int) -> None:
     assert first.detected_ts < START + 300 < second.first_ts
     analysis = detector.hang_analysis()
     assert analysis is not None and analysis.hung
+
+
+def _stepping(periods: Sequence[tuple[float, float | None]], step_s: float) -> Callable[..., int]:
+    """``steps_done`` of a job that steps in ``periods`` (end None: to the end) only."""
+
+    def done(t: float, rank: int) -> int:
+        out = 0
+        for begin, end in periods:
+            if t < begin:
+                break
+            stop = t if end is None else min(t, end)
+            out += math.floor((stop - begin) / step_s + 1e-9)
+        return out
+
+    return done
+
+
+@pytest.mark.parametrize("interval", [1, 5, 15])
+def test_unreported_checkpoints_page_once_and_a_later_hang_is_still_found(interval: int) -> None:
+    """A job that stops 50 s for a checkpoint every 300 s without saying so: the first stop
+    raises one alert (nothing could tell it from a hang); it ends by itself, every rank at one
+    step, so the next one raises nothing; a real hang later is alerted by 1.5x the longest such
+    stop after its last step."""
+    job = Job(interval=interval, hang_at=None, seconds=1000)
+    job.steps_done = _stepping(  # type: ignore[method-assign]
+        [(0.0, 200.0), (250.0, 500.0), (550.0, 800.0)], job.step_s
+    )
+    alerts, _, _ = run(job)
+    first, hang = job_alerts(alerts)
+    assert machine_alerts(alerts) == []
+    assert first.first_ts < START + 250 < START + 800 <= hang.detected_ts
+    learnt = hang.evidence["own_pause_s"]
+    # From the report of the last step before the stop to that of the first after it.
+    assert 50 - interval <= learnt <= 50 + job.step_s + interval
+    assert hang.evidence["threshold_s"] == pytest.approx(1.5 * learnt)
+    assert hang.detected_ts - job.last_step_report() <= 1.5 * learnt + interval
+    assert first.evidence["own_pause_s"] is None
+
+
+def test_a_stall_with_a_rank_behind_that_resumes_is_not_learnt() -> None:
+    """A rank stopped first: that stall was no pause of the job's own, and the next hang is
+    alerted within the bound."""
+    job = Job(hang_at=150.0, resume_at=300.0, hang2_at=500.0, seconds=700, behind={3})
+    alerts, _, _ = run(job)
+    first, second = job_alerts(alerts)
+    assert first.evidence["stopped_first_ranks"] == [3]
+    assert second.evidence["own_pause_s"] is None
+    assert second.detected_ts - second.first_ts <= 60
 
 
 def test_hang_over_publishes_a_not_hung_analysis() -> None:
@@ -370,6 +422,7 @@ def test_bound_never_under_two_steps_for_slow_jobs() -> None:
         ({"floor_s": 90.0}, "expected floor <= cap"),
         ({"max_pause_s": -1.0}, "max_pause_s is -1.0"),
         ({"min_advances": 0}, "min_advances is 0"),
+        ({"own_pause_factor": 0.5}, "own_pause_factor is 0.5"),
         ({"min_alive_share": 0.0}, "min_alive_share is 0.0"),
     ],
 )

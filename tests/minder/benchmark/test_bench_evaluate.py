@@ -288,3 +288,15 @@ def test_asynchronous_stragglers_are_scored_against_the_closed_form() -> None:
     assert stats["slowdown_error_async"]["n"] == 1
     assert stats["slowdown_error_async"]["median"] == pytest.approx(0.02 / 1.1)
     assert stats["cases"][0]["sync"] is False
+
+
+def test_a_job_level_hang_is_a_false_alarm_only_in_a_fault_free_case() -> None:
+    """A checkpoint taken for a hang pages someone: in a fault-free job the job-level alert
+    counts; in a faulty one (a fault that halts the job stalls its steps too) it is left out."""
+    hang = alert("", 200, kind=AlertKind.HANG, metric="hang")
+    free = summarize([run("free", None, EMPTY, [hang], machines=1000, seconds=3600.0)])
+    assert free.false_alarms.count == 1
+    assert free.false_alarms.per_1000_machine_hours == pytest.approx(1.0)
+    truth = labels(("n1", 100, 300, "ecc_error", "", 0))
+    faulty = summarize([run("ecc", "ecc_error", truth, [alert("n1", 110), hang])]).overall
+    assert (faulty.alerts, faulty.tp_alerts, faulty.fp_alerts) == (1, 1, 0)
