@@ -804,10 +804,7 @@ class BatchConsumer:
             self.authenticator.rollback()  # what follows the last commit is delivered again
         owned = self._consumer.assignment()
         if owned:
-            if self._auto_offset_reset == "earliest":
-                self._consumer.seek_to_beginning(*owned)
-            else:
-                self._consumer.seek_to_end(*owned)
+            self._seek_to_reset(*owned)
         for tp in owned:
             self._offsets.pop(tp, None)  # known again after the first fetch
             self._backlog[tp] = 0  # of the old log; the first fetch says the new one's
@@ -864,13 +861,18 @@ class BatchConsumer:
                 self._offsets[tp] = offset
             else:
                 self._offsets.pop(tp, None)  # known again after the first fetch
-                if self._auto_offset_reset == "earliest":
-                    self._consumer.seek_to_beginning(tp)
-                else:
-                    self._consumer.seek_to_end(tp)
+                self._seek_to_reset(tp)
             done.add(tp)
         self._publish_backlog()
         return done | (targets - owned)
+
+    def _seek_to_reset(self, *tps: TopicPartition) -> None:
+        """Seek ``tps`` where ``auto_offset_reset`` says a partition without a position starts:
+        the beginning of its log (``earliest``) or its end (``latest``)."""
+        if self._auto_offset_reset == "earliest":
+            self._consumer.seek_to_beginning(*tps)
+        else:
+            self._consumer.seek_to_end(*tps)
 
     def _forget(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
