@@ -89,16 +89,17 @@ CONGESTION_COUNTERS: frozenset[str] = frozenset(
 """Counters of congestion events on a NIC's port (pause frames, congestion notifications, time
 waiting to send)."""
 
-METRIC_REL_FLOORS: dict[str, float] = dict.fromkeys(CONGESTION_COUNTERS, 0.25)
+METRIC_REL_FLOORS: dict[str, float] = dict.fromkeys(CONGESTION_COUNTERS, 1.5)
 """The smallest scale of a metric as a fraction of its peers' median, where it is larger than
 :attr:`DetectorConfig.rel_floor` (docs/detection-method.md §10). Congestion counters differ
 between healthy ports of one job by a factor, not by a margin: how often a port pauses or is
 notified depends on where it sits in the fabric (its switch, its rail, the incast its traffic
-meets), and that standing difference wanders over minutes. A fault there is a surge, orders of
-magnitude (a PCIe link that fell back and cannot drain the NIC's buffers pauses the switch
-thousands of times a second). With a scale of at least a quarter of the peers' level, a port
-must pause about 2.5 times as often as its peers (at the default threshold of 6) before it is
-an outlier; twice as often is a healthy port in a busier spot."""
+meets, the ECMP hash that put it on a busy path), and that difference wanders over minutes, with
+bursts of several times the peers' rate that decay for as long. A fault there is a surge of an
+order of magnitude and more (a PCIe link that fell back and cannot drain the NIC's buffers
+pauses the switch thousands of times a second; a NIC in a pause storm sends them at line rate).
+With a scale of at least one and a half times the peers' level, a port must pause about ten
+times as often as its peers (at the default threshold of 6) before it is an outlier."""
 
 
 IDLE_AT_ZERO: frozenset[str] = frozenset(

@@ -35,41 +35,42 @@ def _pauses(seed: int, ratio: float, level: float = 1.0, *, alternate: bool = Fa
 
 def test_every_congestion_counter_takes_the_ratio_floor() -> None:
     assert set(METRIC_REL_FLOORS) >= CONGESTION_COUNTERS
-    assert all(METRIC_REL_FLOORS[m] == 0.25 for m in CONGESTION_COUNTERS)
+    assert all(METRIC_REL_FLOORS[m] == 1.5 for m in CONGESTION_COUNTERS)
     assert "rdma_tx_bytes_per_second" not in METRIC_REL_FLOORS
 
 
 @pytest.mark.parametrize("metric", sorted(CONGESTION_COUNTERS))
 @pytest.mark.parametrize("interval_s", [1, 60])
-def test_a_port_pausing_twice_as_often_as_its_peers_is_no_fault(
+def test_a_port_pausing_several_times_as_often_as_its_peers_is_no_fault(
     metric: str, interval_s: int
 ) -> None:
-    assert _named(_table(_pauses(1, 2.0), metric, interval_s, "mlx5_0")) == set()
+    """Healthy ports differ by a factor, and burst to several times their peers' rate."""
+    assert _named(_table(_pauses(1, 6.0), metric, interval_s, "mlx5_0")) == set()
 
 
 @pytest.mark.parametrize("metric", sorted(CONGESTION_COUNTERS))
 @pytest.mark.parametrize("interval_s", [1, 60])
 def test_a_surge_is_named(metric: str, interval_s: int) -> None:
-    assert _named(_table(_pauses(2, 4.0), metric, interval_s, "mlx5_0")) == {"m007"}
+    assert _named(_table(_pauses(2, 12.0), metric, interval_s, "mlx5_0")) == {"m007"}
     # Phases that swing 4x every sample cost a surge up to one phase's worth at coarse sampling:
     # each machine is judged at the lag that fits it best (docs/detection-method.md §10).
-    surge = _pauses(2, 6.0, alternate=True)
+    surge = _pauses(2, 16.0, alternate=True)
     assert _named(_table(surge, metric, interval_s, "mlx5_0")) == {"m007"}
 
 
 @settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
-    ratio=st.one_of(st.floats(1.2, 2.2), st.floats(3.2, 8.0)),
+    ratio=st.one_of(st.floats(1.2, 8.0), st.floats(12.0, 40.0)),
     level=st.sampled_from([1.0, 8.0, 1e3]),
     interval_s=st.sampled_from([5, 15, 60]),
 )
 def test_named_by_ratio_whatever_the_level(
     seed: int, ratio: float, level: float, interval_s: int
 ) -> None:
-    """A surge (3.2x or more) is named and a port within 2.2x of its peers is not, at any
+    """A surge (12x or more) is named and a port within 8x of its peers is not, at any
     level and through a common drift: the floor is a ratio, so it scales with the counts
     (levels stay above the absolute floor of 10/s, which does not)."""
     table = _table(_pauses(seed, ratio, level), "pfc_tx_pause_per_second", interval_s, "mlx5_0")
-    expected = {"m007"} if ratio >= 3.2 else set()
+    expected = {"m007"} if ratio >= 12.0 else set()
     assert _named(table) == expected
