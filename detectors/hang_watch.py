@@ -24,6 +24,10 @@ then at most ``bound`` (60 s at most) after the last step, at any interval from 
 regular sampling; at 60 s the first report without progress fires (a whole interval without a
 step is the least a 60 s interval can tell). A job whose median step is longer than 30 s gets
 twice its median step instead of 60 s (its ordinary steps would otherwise look like hangs).
+Once a stall of the job ended by itself with no rank stopped first (an unreported checkpoint:
+``own_pause_factor``), a later stall with no rank stopped first is a hang only past 1.5 times
+the longest such stall (learnt up to ``max_own_pause_s``, 5 minutes), so it may come later
+than the bound.
 
 The evidence names the ranks that *stopped first*: those whose step number is behind the job's
 highest, or (without that) whose last step came clearly before the others' (by two median steps
@@ -119,11 +123,15 @@ class HangConfig:
     max_pause_s
         Longest a reported pause hides a stall, counted from the last step.
     own_pause_factor
-        After a stall that ended by itself (every rank stopped at the same step, none first,
-        no restart, no flight-recorder culprit: a checkpoint or an evaluation the loop did not
-        report as a pause), a later stall is a hang only past this many times the longest such
-        stall (and never later than ``max_pause_s``): the job has shown it stops that long on
-        its own. 0 turns it off.
+        After a stall that ended by itself (no rank stopped first, no restart, no
+        flight-recorder culprit: a checkpoint or an evaluation the loop did not report as a
+        pause), a later stall in which no rank stopped first is a hang only past this many
+        times the longest such stall: the job has shown it stops that long on its own. 0 turns
+        it off.
+    max_own_pause_s
+        The longest stall learnt as the job's own pause: a longer one that ended by itself was
+        no routine pause (a storage or network brownout), and learning it would hold later
+        hangs past the collectives' own timeout (10 minutes by default in PyTorch).
     settle_s
         Seconds of data without a new flight-recorder summary before the ones received are
         analysed, unless every rank their groups name has sent one. The dumps of one hang are
@@ -148,6 +156,7 @@ class HangConfig:
     min_advances: int = 3
     max_pause_s: float = 1800.0
     own_pause_factor: float = 1.5
+    max_own_pause_s: float = 300.0
     settle_s: float = 30.0
     max_summaries: int = 65_536
     alive_intervals: float = 3.0
@@ -163,7 +172,7 @@ class HangConfig:
             raise ValueError(
                 f"hang floor_s={self.floor_s!r} and cap_s={self.cap_s!r}: expected floor <= cap"
             )
-        for name in ("max_pause_s", "settle_s", "alive_min_s"):
+        for name in ("max_pause_s", "settle_s", "alive_min_s", "max_own_pause_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"hang {name} is {value!r}: expected seconds >= 0")
@@ -318,8 +327,9 @@ class HangDetector:
         """Data second the latest summary was taken."""
         self._analysed = True
         self._analysis: HangAnalysis | None = None
-        self._own_pause_s = 0
-        """The longest stall of this job that ended by itself (see ``own_pause_factor``)."""
+        self._own_pause_s = 0.0
+        """The longest stall of this job's run that ended by itself, as the reports could see
+        it (see ``own_pause_factor``)."""
 
     # -- JobDetector ------------------------------------------------------------------------
     @property
@@ -515,11 +525,14 @@ class HangDetector:
         interval = float(intervals[alive].max())
         bound = cfg.bound_s(median)
         threshold = max(bound - interval + 1.0, 1.0)
-        if self._own_pause_s and cfg.own_pause_factor:
-            threshold = max(threshold, min(cfg.own_pause_factor * self._own_pause_s,
-                                           cfg.max_pause_s))  # fmt: skip
         if stalled < threshold:
             return []
+        own = cfg.own_pause_factor * self._own_pause_s
+        if own > threshold:
+            if stalled < own and not self._stopped_first(in_job, median, interval)[0].size:
+                return []  # within the job's own pauses, and no rank stopped first
+            if stalled >= own:
+                threshold = own
         return self._open_live(
             window, now, in_job, last_step, activity, stalled, median, bound, threshold, interval
         )
@@ -619,7 +632,7 @@ class HangDetector:
             "same_step": how == "same_step",
             "threshold_s": float(threshold),
             "bound_s": float(bound),
-            "own_pause_s": float(self._own_pause_s) if self._own_pause_s else None,
+            "own_pause_s": round(self._own_pause_s, 3) if self._own_pause_s else None,
             "interval_s": float(interval),
             "detail": _live_detail(first.size, how, last_number),
         }
@@ -735,27 +748,40 @@ class HangDetector:
             )
 
     def _learn_own_pause(self, window: JobWindow, episode: _Episode, last_step: int) -> None:
-        """Keep the length of a stall that ended by itself: every rank stopped at the same
-        step (no rank first), no restart, no flight-recorder culprit, with steps counted since
-        (the live rule opened it): the job's own unreported pause, a checkpoint or an eval."""
+        """Keep the length of a stall that ended by itself: no rank stopped first, no restart,
+        no flight-recorder culprit, with steps counted since (the live rule opened it): the
+        job's own unreported pause, a checkpoint or an eval. Its length is the longest stall
+        the reports could show, the same measure the threshold is compared with: from the
+        activity the episode counted from (the last step, or the end of a reported pause) to a
+        sampling interval before the report that showed the job stepping again."""
+        live = episode.live
         if (
             not self.config.own_pause_factor
-            or not episode.live
-            or episode.live.get("stopped_first_ranks")
+            or not live
+            or live.get("stopped_first_ranks")
             or episode.recorder_culprits
             or self.stats.restarts != episode.restarts
         ):
             return
-        stall = last_step - episode.last_step_ts
+        stall = last_step - episode.first_ts - float(live.get("interval_s") or 0.0)
         if stall <= self._own_pause_s:
+            return
+        if stall > self.config.max_own_pause_s:
+            logger.info(
+                "job %s: a stall of %.0f s ended by itself: longer than %.0f s, no routine "
+                "pause; not learnt",
+                window.job[:64],
+                stall,
+                self.config.max_own_pause_s,
+            )
             return
         self._own_pause_s = stall
         logger.info(
-            "job %s: a stall of %d s ended by itself, every rank at one step: stalls up to "
-            "%.0f s are taken as its own pauses from now on (report them with probe.pause)",
+            "job %s: a stall of %.0f s ended by itself, no rank first: later stalls with no "
+            "rank first are hangs past %.0f s (report such pauses with probe.pause)",
             window.job[:64],
             stall,
-            min(self.config.own_pause_factor * stall, self.config.max_pause_s),
+            self.config.own_pause_factor * stall,
         )
 
     def _job_left(self, window: JobWindow, now: int) -> None:
@@ -765,6 +791,7 @@ class HangDetector:
             logger.info("job %s: its machines left during a hang", window.job[:64])
             self._episode = None
         self._advances = 0
+        self._own_pause_s = 0.0  # the next run learns its own
         self._top = -math.inf
         self._drop_summaries()
         if self._analysis is not None and self._analysis.hung:

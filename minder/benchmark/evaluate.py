@@ -16,11 +16,12 @@ Matching (per case, against :func:`collectors.sim.labels.scenario_labels`):
   rebooted switch, a second alert on the same machine) are *duplicates*: reported, and left out
   of precision altogether, so a method that names each machine of a domain is neither rewarded
   nor punished against one that names the domain once.
-* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine. In a
-  faulty case it is left out (neither a hit nor a false alarm: a fault that halts the job
-  stalls its steps too); in a fault-free case it is a false alarm like any other (a checkpoint
-  taken for a hang pages someone all the same). A hang's culprit machines have alerts of their
-  own, and those are matched like any machine alert.
+* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine. Within
+  a fault's span (as a machine alert would be matched), or at any time after the onset of a
+  fail-stop fault (one that halts the job stalls its steps until the end), it is left out,
+  neither a hit nor a false alarm. Anywhere else, and in every fault-free case, it is a false
+  positive like any other (a checkpoint taken for a hang pages someone all the same). A hang's
+  culprit machines have alerts of their own, and those are matched like any machine alert.
 * Every other alert is a false positive; those of fault-free cases are the false alarms per
   1000 machine-hours.
 """
@@ -228,10 +229,16 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
     count: dict[int, int] = {}
     for alert in sorted(run.alerts, key=lambda a: (a.detected_ts, a.machine, a.metric)):
         if not alert.machine:
-            # A job-level alert (a hang: the whole job stopped) names no machine: in a faulty
-            # case a verdict on the job, not an attribution (its culprits come as alerts of
-            # their own); in a fault-free case a false alarm.
-            if run.fault is None:
+            # A job-level alert (a hang: the whole job stopped) names no machine: within a
+            # fault's span, or after a fail-stop fault's onset, a verdict on the job, not an
+            # attribution (its culprits come as alerts of their own); anywhere else a false
+            # positive.
+            during = any(
+                math.floor(info["start"]) <= alert.detected_ts
+                and (info["fault"] in FAIL_STOP or alert.detected_ts <= info["end"] + slack_s)
+                for info in spans.values()
+            )
+            if not during:
                 matches.append(AlertMatch(alert, None))
             continue
         if alert.evidence.get("verdict") == "stage":

@@ -17,7 +17,9 @@ worker, also redelivers them: after every rebalance each partition resumes from 
 committed offset (kafka-python alone would keep the old position of a partition it keeps, which
 skips messages when a memory-only broker restarted empty), and when the brokers answer with a
 new cluster id (a cluster formatted anew, as the embedded broker is at each start) every
-assigned partition starts again from the beginning of its new log. Handlers must therefore
+assigned partition starts again from the beginning of its new log; so does every partition the
+first rebalance after that assigns, unless this member has committed it since (a commit made in
+the new cluster before its id was known may be a position of the old logs). Handlers must therefore
 tolerate seeing a batch twice (docs/architecture.md §3.3: samples may be late or duplicated). A
 message dead-lettered in a poll that is then redelivered is not dead-lettered twice by the same
 consumer (unless a rebalance came in between).
@@ -148,7 +150,8 @@ class ConsumerStats:
     cluster_changes
         Times the brokers answered with a new cluster id (a cluster formatted anew under a new
         id): every assigned partition was read again from the start of its new log (from its
-        end with ``auto_offset_reset="latest"``).
+        end with ``auto_offset_reset="latest"``), and so was every partition the next rebalance
+        assigned that this member had not committed in the new cluster.
     """
 
     polls: int = 0
@@ -318,8 +321,8 @@ class BatchConsumer:
         self._reposition: set[TopicPartition] = set()  # assigned, not yet sought to the commit
         self._cluster_id: str | None = None  # of the brokers this member last read from
         self._clusters_seen: set[str] = set()
-        # After a new cluster: the partitions whose committed offset this member made knowing
-        # it (None: every commit is trusted, no cluster change seen).
+        # From a new cluster to the first rebalance after it: the partitions whose committed
+        # offset this member made knowing it (None: every commit is followed).
         self._trusted: set[TopicPartition] | None = None
         self._flip_logged = False
         self._auto_offset_reset = auto_offset_reset
@@ -815,8 +818,10 @@ class BatchConsumer:
         self._reposition -= owned
         # A commit in the new cluster made before this member saw its id (the fetch at a stale
         # position can land before the metadata that names the new cluster) is a position of
-        # the old logs: until this member commits a partition itself, a rebalance that assigns
-        # it starts it again too, never at that commit.
+        # the old logs: the first rebalance after this starts again every partition it assigns
+        # that this member has not committed since, never at that commit. (Once every member
+        # has seen the new id, as they have by the group's first rebalance in it, commits are
+        # followed again: a partition moving between members later is not read twice.)
         self._trusted = set()
         self._cluster_id = cluster_id
         self._clusters_seen.add(cluster_id)
@@ -829,10 +834,11 @@ class BatchConsumer:
         kafka-python keeps the in-memory position of a partition that stays with this member
         across a rebalance. The group's committed offset is the truth after a rebalance: the
         position may be ahead of it (a poll that failed, then a rebalance) or stale (the broker
-        lost its data and was restarted: Tansu keeps everything in memory). After a new cluster
-        (:meth:`_new_cluster`), a partition this member has not committed in it yet starts from
-        the beginning (or the end) whatever its committed offset: that offset may come from a
-        read at a position of the old logs, made before the new id was known.
+        lost its data and was restarted: Tansu keeps everything in memory). At the first
+        rebalance after a new cluster (:meth:`_new_cluster`), a partition this member has not
+        committed in it yet starts from the beginning (or the end) whatever its committed
+        offset: that offset may come from a read at a position of the old logs, made before the
+        new id was known.
         """
         targets, self._reposition = self._reposition, set()
         if self.authenticator is not None:
@@ -863,6 +869,8 @@ class BatchConsumer:
                 self._offsets.pop(tp, None)  # known again after the first fetch
                 self._seek_to_reset(tp)
             done.add(tp)
+        if done:
+            self._trusted = None  # the first rebalance after a new cluster is applied
         self._publish_backlog()
         return done | (targets - owned)
 

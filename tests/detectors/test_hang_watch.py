@@ -377,11 +377,47 @@ def test_unreported_checkpoints_page_once_and_a_later_hang_is_still_found(interv
     assert machine_alerts(alerts) == []
     assert first.first_ts < START + 250 < START + 800 <= hang.detected_ts
     learnt = hang.evidence["own_pause_s"]
-    # From the report of the last step before the stop to that of the first after it.
-    assert 50 - interval <= learnt <= 50 + job.step_s + interval
+    # The longest stall the reports could show: at least what the first alert saw.
+    assert first.evidence["stalled_s"] <= learnt <= 50 + job.step_s
     assert hang.evidence["threshold_s"] == pytest.approx(1.5 * learnt)
     assert hang.detected_ts - job.last_step_report() <= 1.5 * learnt + interval
     assert first.evidence["own_pause_s"] is None
+
+
+def test_a_reported_pause_is_not_learnt_as_the_jobs_own() -> None:
+    """A checkpoint reported for 300 s, then 40 s more without a report: only the 40 s is the
+    job's own pause, and a later hang is alerted about a minute after its last step."""
+    job = Job(hang_at=200.0, pause=(200.0, 500.0), resume_at=540.0, hang2_at=800.0, seconds=1000)
+    alerts, _, _ = run(job)
+    first, second = job_alerts(alerts)
+    assert first.first_ts >= START + 499
+    learnt = second.evidence["own_pause_s"]
+    assert 30 <= learnt <= 40 + job.step_s
+    assert second.detected_ts - job.last_step_report() <= 1.5 * learnt + 1
+
+
+def test_a_long_stall_that_ends_by_itself_is_not_learnt() -> None:
+    """400 s without a step, then the job steps on: no routine pause (past max_own_pause_s),
+    and the next hang is alerted within the bound."""
+    job = Job(hang_at=150.0, resume_at=550.0, hang2_at=800.0, seconds=1000)
+    alerts, _, _ = run(job)
+    _, second = job_alerts(alerts)
+    assert second.evidence["own_pause_s"] is None
+    assert second.detected_ts - job.last_step_report() <= 60
+
+
+def test_a_rank_that_stops_first_is_alerted_within_the_bound_after_learnt_pauses() -> None:
+    """The job has shown 50 s checkpoints; then rank 3 stops one step before the others: no
+    pause of the job's own, alerted within the bound, naming rank 3."""
+    job = Job(hang_at=None, seconds=1000)
+    steps = _stepping([(0.0, 200.0), (250.0, 500.0), (550.0, 800.0)], job.step_s)
+    job.steps_done = lambda t, rank: steps(t, rank) - (rank == 3 and t >= 800)  # type: ignore[method-assign]
+    alerts, _, _ = run(job)
+    _, hang = job_alerts(alerts)
+    assert hang.evidence["own_pause_s"] is not None
+    assert hang.evidence["stopped_first_ranks"] == [3]
+    assert hang.detected_ts - job.last_step_report() <= 60
+    assert [a.machine for a in machine_alerts(alerts)] == ["node-01"]
 
 
 def test_a_stall_with_a_rank_behind_that_resumes_is_not_learnt() -> None:

@@ -300,3 +300,21 @@ def test_a_job_level_hang_is_a_false_alarm_only_in_a_fault_free_case() -> None:
     truth = labels(("n1", 100, 300, "ecc_error", "", 0))
     faulty = summarize([run("ecc", "ecc_error", truth, [alert("n1", 110), hang])]).overall
     assert (faulty.alerts, faulty.tp_alerts, faulty.fp_alerts) == (1, 1, 0)
+
+
+def test_a_job_level_hang_outside_every_fault_span_is_a_false_positive() -> None:
+    """In a case whose fault only slows the job, a hang long after the fault ended (a
+    checkpoint later in the job) counts against precision."""
+    truth = labels(("n1", 100, 300, "pcie_downgrade", "", 0))
+    later = alert("", 900, kind=AlertKind.HANG, metric="hang")
+    overall = summarize([run("pcie", "pcie_downgrade", truth, [alert("n1", 110), later])]).overall
+    assert (overall.alerts, overall.tp_alerts, overall.fp_alerts) == (2, 1, 1)
+
+
+def test_a_job_level_hang_after_a_fail_stop_fault_is_left_out() -> None:
+    """A fault that halts the job stalls it until the end: a hang alert long after the fault's
+    span is still the fault's, neither a hit nor a false alarm."""
+    truth = labels(("n1", 100, 300, "nic_down", "", 0))
+    later = alert("", 900, kind=AlertKind.HANG, metric="hang")
+    overall = summarize([run("nic", "nic_down", truth, [alert("n1", 110), later])]).overall
+    assert (overall.alerts, overall.tp_alerts, overall.fp_alerts) == (1, 1, 0)
