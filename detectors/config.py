@@ -242,6 +242,11 @@ class DetectorConfig:
         job, while in a fleet of mixed load the outliers rotate and grow with the fleet.
     coherence_horizon_s, coherence_horizon_samples
         How far back an outlier counts: the longer of these seconds and this many samples.
+    hang_own_pause_factor
+        The live hang detector's ``own_pause_factor`` (:class:`detectors.hang_watch.HangConfig`):
+        0 (the default) keeps the hang bound whatever the job did before; 1 to 100 holds a
+        stall with no rank stopped first up to that many times the longest stall the job ended
+        by itself (an unreported checkpoint), never past the bound's 60 s cap (docs/hangs.md).
     """
 
     window_s: int = 8
@@ -278,6 +283,7 @@ class DetectorConfig:
     coherence_horizon_s: int = 1800
     coherence_horizon_samples: int = 60
     benign_xids: frozenset[int] = field(default=BENIGN_XIDS)
+    hang_own_pause_factor: float = 0.0
 
     def __post_init__(self) -> None:
         # Derived defaults follow the mild level, so setting only threshold/continuity is coherent.
@@ -316,6 +322,9 @@ class DetectorConfig:
                 f"severe_threshold={self.severe_threshold!r} below threshold={self.threshold!r} "
                 f"or untrusted_factor={self.untrusted_factor!r} below 1: expected neither"
             )
+        factor = self.hang_own_pause_factor
+        if not (factor == 0 or 1 <= factor <= 100):
+            raise ValueError(f"hang_own_pause_factor is {factor!r}: expected 0 (off) or 1 to 100")
         if not 0 < self.coherence_share < 1:
             raise ValueError(f"coherence_share is {self.coherence_share!r}: expected (0, 1)")
         if not 0 < self.domain_fraction <= 1:

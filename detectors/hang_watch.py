@@ -24,10 +24,11 @@ then at most ``bound`` (60 s at most) after the last step, at any interval from 
 regular sampling; at 60 s the first report without progress fires (a whole interval without a
 step is the least a 60 s interval can tell). A job whose median step is longer than 30 s gets
 twice its median step instead of 60 s (its ordinary steps would otherwise look like hangs).
-Once a stall of the job ended by itself with no rank stopped first (an unreported checkpoint:
-``own_pause_factor``), a later stall with no rank stopped first is a hang only past 1.5 times
-the longest such stall (learnt up to ``max_own_pause_s``, 5 minutes), so it may come later
-than the bound.
+With ``own_pause_factor`` set (off by default: the bound above holds whatever the job did
+before), once a stall of the job ended by itself with no rank stopped first (an unreported
+checkpoint), a later stall with no rank stopped first is a hang only past that many times the
+longest such stall, and never later than the bound's cap (60 s): a job that pauses up to about
+40 s without saying so then pages once, not at every pause.
 
 The evidence names the ranks that *stopped first*: those whose step number is behind the job's
 highest, or (without that) whose last step came clearly before the others' (by two median steps
@@ -126,12 +127,10 @@ class HangConfig:
         After a stall that ended by itself (no rank stopped first, no restart, no
         flight-recorder culprit: a checkpoint or an evaluation the loop did not report as a
         pause), a later stall in which no rank stopped first is a hang only past this many
-        times the longest such stall: the job has shown it stops that long on its own. 0 turns
-        it off.
-    max_own_pause_s
-        The longest stall learnt as the job's own pause: a longer one that ended by itself was
-        no routine pause (a storage or network brownout), and learning it would hold later
-        hangs past the collectives' own timeout (10 minutes by default in PyTorch).
+        times the longest such stall, and never later than the bound's cap (``cap_s``, or
+        twice the median step for slow-stepping jobs). 0 (the default) turns it off: the
+        bound then holds whatever the job did before. The service's setting is
+        ``MINDER_DETECTION__HANG_OWN_PAUSE_FACTOR``.
     settle_s
         Seconds of data without a new flight-recorder summary before the ones received are
         analysed, unless every rank their groups name has sent one. The dumps of one hang are
@@ -155,8 +154,7 @@ class HangConfig:
     min_step_factor: float = 2.0
     min_advances: int = 3
     max_pause_s: float = 1800.0
-    own_pause_factor: float = 1.5
-    max_own_pause_s: float = 300.0
+    own_pause_factor: float = 0.0
     settle_s: float = 30.0
     max_summaries: int = 65_536
     alive_intervals: float = 3.0
@@ -172,7 +170,7 @@ class HangConfig:
             raise ValueError(
                 f"hang floor_s={self.floor_s!r} and cap_s={self.cap_s!r}: expected floor <= cap"
             )
-        for name in ("max_pause_s", "settle_s", "alive_min_s", "max_own_pause_s"):
+        for name in ("max_pause_s", "settle_s", "alive_min_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"hang {name} is {value!r}: expected seconds >= 0")
@@ -527,7 +525,8 @@ class HangDetector:
         threshold = max(bound - interval + 1.0, 1.0)
         if stalled < threshold:
             return []
-        own = cfg.own_pause_factor * self._own_pause_s
+        # The job's own pauses hold a stall, never past the bound.
+        own = min(cfg.own_pause_factor * self._own_pause_s, max(bound, cfg.cap_s) - interval + 1)
         if own > threshold:
             if stalled < own and not self._stopped_first(in_job, median, interval)[0].size:
                 return []  # within the job's own pauses, and no rank stopped first
@@ -765,15 +764,6 @@ class HangDetector:
             return
         stall = last_step - episode.first_ts - float(live.get("interval_s") or 0.0)
         if stall <= self._own_pause_s:
-            return
-        if stall > self.config.max_own_pause_s:
-            logger.info(
-                "job %s: a stall of %.0f s ended by itself: longer than %.0f s, no routine "
-                "pause; not learnt",
-                window.job[:64],
-                stall,
-                self.config.max_own_pause_s,
-            )
             return
         self._own_pause_s = stall
         logger.info(

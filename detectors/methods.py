@@ -67,7 +67,7 @@ def method_factory(
             severe_continuity_samples=1,
         )
     from detectors.base import CompositeDetector  # noqa: PLC0415
-    from detectors.hang_watch import HangDetector  # noqa: PLC0415
+    from detectors.hang_watch import HangConfig, HangDetector  # noqa: PLC0415
     from detectors.straggler import StragglerDetector  # noqa: PLC0415
 
     scorer = "pairwise" if method == "pairwise" else "median"
@@ -80,9 +80,8 @@ def method_factory(
         engine = MinderDetector(
             cfg, model=model, scorer=scorer, denoise=not no_denoiser, prioritise=prioritise
         )
-        return CompositeDetector(
-            [engine, StragglerDetector(horizon_s=engine.horizon_s), HangDetector()]
-        )
+        hang = HangDetector(HangConfig(own_pause_factor=cfg.hang_own_pause_factor))
+        return CompositeDetector([engine, StragglerDetector(horizon_s=engine.horizon_s), hang])
 
     return build
 

@@ -573,6 +573,12 @@ class DetectionSettings(BaseModel):
     method: str = Field("minder", description="detection method (detectors.methods.METHODS)")
     model_dir: Path | None = Field(None, description="trained model directory (minder train)")
     denoiser: str = Field("mean", description="filter of metrics without a trained denoiser")
+    hang_own_pause_factor: float = Field(
+        0.0,
+        description="0: a hang is alerted within its bound whatever the job did before; 1-100: "
+        "a stall with no rank stopped first is held up to this many times the longest one the "
+        "job ended by itself (an unreported checkpoint), never past 60 s (docs/hangs.md)",
+    )
     max_jobs: int = Field(
         1_000,
         ge=1,
@@ -642,6 +648,13 @@ class DetectionSettings(BaseModel):
             ),
         )
 
+    @field_validator("hang_own_pause_factor")
+    @classmethod
+    def _check_own_pause(cls, value: float) -> float:
+        if not (value == 0 or 1 <= value <= 100):
+            raise ValueError("expected 0 (off) or a factor of 1 to 100")
+        return value
+
     @field_validator("method", "denoiser")
     @classmethod
     def _check_name(cls, value: str, info: ValidationInfo) -> str:
@@ -666,6 +679,7 @@ class DetectionSettings(BaseModel):
             silence_s=self.silence_s,
             min_machines=self.min_machines,
             denoiser=self.denoiser,
+            hang_own_pause_factor=self.hang_own_pause_factor,
         )
 
     def detector_factory(

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from detectors.hang_watch import HangDetector
 from minder.config import (
     OTHER_PREFIXES,
+    DetectionSettings,
     Settings,
     SettingsError,
     install_hint,
@@ -96,6 +98,12 @@ def _serve(env: dict[str, str], without: str = "") -> tuple[int, list[str]]:
             "needs the Python package 'torch', not installed: pip install 'minder[deep]'",
         ),
         (
+            {"MINDER_DETECTION__HANG_OWN_PAUSE_FACTOR": "0.5"},
+            "",
+            "error: bad setting MINDER_DETECTION__HANG_OWN_PAUSE_FACTOR='0.5': expected 0 (off) "
+            "or a factor of 1 to 100",
+        ),
+        (
             {"MINDER_DETECTION__METHOD": "best"},
             "",
             "error: bad setting MINDER_DETECTION__METHOD='best': unknown method: expected one of "
@@ -111,6 +119,13 @@ def test_each_bad_start_is_one_line_naming_variable_value_and_what_is_allowed(
     assert len(lines) == 1, lines
     assert lines[0].startswith(expected), lines[0]
     assert "s3cret" not in lines[0]
+
+
+def test_the_hang_setting_reaches_the_jobs_hang_detector() -> None:
+    for factor in (0.0, 1.5):
+        detector = DetectionSettings(hang_own_pause_factor=factor).detector_factory()()
+        [hang] = [p for p in detector.parts if isinstance(p, HangDetector)]
+        assert hang.config.own_pause_factor == factor
 
 
 def test_every_unknown_variable_is_named_in_the_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
