@@ -16,12 +16,14 @@ Matching (per case, against :func:`collectors.sim.labels.scenario_labels`):
   rebooted switch, a second alert on the same machine) are *duplicates*: reported, and left out
   of precision altogether, so a method that names each machine of a domain is neither rewarded
   nor punished against one that names the domain once.
-* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine. Within
-  a fault's span (as a machine alert would be matched), or at any time after the onset of a
-  fail-stop fault (one that halts the job stalls its steps until the end), it is left out,
-  neither a hit nor a false alarm. Anywhere else, and in every fault-free case, it is a false
-  positive like any other (a checkpoint taken for a hang pages someone all the same). A hang's
-  culprit machines have alerts of their own, and those are matched like any machine alert.
+* A job-level alert (``machine`` empty: a hang, the whole job stopped) names no machine, so it
+  is neither a hit nor a false positive of the attribution figures. Within a fault's span (as a
+  machine alert would be matched), or at any time after the onset of a fail-stop fault (one
+  that halts the job stalls its steps until the end), it is the fault's. Anywhere else, and in
+  every fault-free case, it is a *stray job alert* (a checkpoint the loop did not report,
+  taken for a hang): listed per case and counted apart (:class:`JobAlerts`), never hidden. A
+  hang's culprit machines have alerts of their own, and those are matched like any machine
+  alert.
 * Every other alert is a false positive; those of fault-free cases are the false alarms per
   1000 machine-hours.
 """
@@ -151,6 +153,8 @@ class CaseMatch:
     run: CaseRun
     alerts: tuple[AlertMatch, ...]
     instances: tuple[Instance, ...]
+    stray_job_alerts: tuple[Alert, ...] = ()
+    """Job-level alerts no fault explains (see the module's rules)."""
 
     @property
     def true_positives(self) -> int:
@@ -194,6 +198,15 @@ class CaseMatch:
                 for m in self.alerts
                 if not m.true_positive
             ],
+            "stray_job_alerts": [
+                {
+                    "kind": a.kind.value,
+                    "metric": a.metric,
+                    "first_ts": a.first_ts,
+                    "detected_ts": a.detected_ts,
+                }
+                for a in self.stray_job_alerts
+            ],
             "detect_cpu_s": round(self.run.detect_cpu_s, 4),
         }
 
@@ -225,21 +238,21 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
         )
         info["machines"].append(machine)
     matches: list[AlertMatch] = []
+    stray: list[Alert] = []
     first: dict[int, float] = {}
     count: dict[int, int] = {}
     for alert in sorted(run.alerts, key=lambda a: (a.detected_ts, a.machine, a.metric)):
         if not alert.machine:
-            # A job-level alert (a hang: the whole job stopped) names no machine: within a
-            # fault's span, or after a fail-stop fault's onset, a verdict on the job, not an
-            # attribution (its culprits come as alerts of their own); anywhere else a false
-            # positive.
+            # A job-level alert (a hang: the whole job stopped) names no machine: a verdict on
+            # the job, not an attribution (its culprits come as alerts of their own); within a
+            # fault's span, or after a fail-stop fault's onset, the fault's; else a stray.
             during = any(
                 math.floor(info["start"]) <= alert.detected_ts
                 and (info["fault"] in FAIL_STOP or alert.detected_ts <= info["end"] + slack_s)
                 for info in spans.values()
             )
             if not during:
-                matches.append(AlertMatch(alert, None))
+                stray.append(alert)
             continue
         if alert.evidence.get("verdict") == "stage":
             table = by_stage  # a stage straggler names its group
@@ -271,7 +284,7 @@ def match_case(run: CaseRun, slack_s: float = SLACK_S) -> CaseMatch:
         )
         for index, info in sorted(spans.items())
     )
-    return CaseMatch(run, tuple(matches), instances)
+    return CaseMatch(run, tuple(matches), instances, tuple(stray))
 
 
 # -- summaries -------------------------------------------------------------------------------
@@ -389,6 +402,25 @@ class FalseAlarms:
 
 
 @dataclass(frozen=True, slots=True)
+class JobAlerts:
+    """Stray job-level alerts (hangs no fault explains: mostly checkpoints the loop did not
+    report), over every case, per 100 job-hours."""
+
+    count: int
+    cases: int
+    job_hours: float
+    per_100_job_hours: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "cases": self.cases,
+            "job_hours": self.job_hours,
+            "per_100_job_hours": self.per_100_job_hours,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class CpuCost:
     """CPU seconds of detection per second of job, overall and by job size."""
 
@@ -421,6 +453,7 @@ class Summary:
     cases: tuple[CaseMatch, ...] = field(default=())
     stragglers: dict[str, Any] = field(default_factory=dict)
     """Straggler faults: steps from onset to alert, and the error of the alert's live S."""
+    stray_job_alerts: JobAlerts = field(default_factory=lambda: JobAlerts(0, 0, 0.0, None))
 
     def to_dict(self, with_cases: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -430,6 +463,7 @@ class Summary:
             "fail_slow": self.fail_slow.to_dict(),
             "by_fault": {k: v.to_dict() for k, v in self.by_fault.items()},
             "false_alarms": self.false_alarms.to_dict(),
+            "stray_job_alerts": self.stray_job_alerts.to_dict(),
             "cpu": self.cpu.to_dict(),
         }
         if with_cases:
@@ -462,6 +496,9 @@ def summarize(runs: Iterable[CaseRun], slack_s: float = SLACK_S) -> Summary:
     hours = sum(c.run.machine_seconds for c in free) / 3600.0
     false_alarms = sum(len(c.alerts) for c in free)
     per_1000 = None if hours == 0 else false_alarms / hours * 1000.0
+    job_hours = sum(c.run.job_seconds for c in cases) / 3600.0
+    stray = [len(c.stray_job_alerts) for c in cases]
+    per_100 = None if job_hours == 0 else sum(stray) / job_hours * 100.0
     return Summary(
         overall=Scores.of(alerts, instances),
         fail_stop=of_mode(FAIL_STOP),
@@ -471,6 +508,7 @@ def summarize(runs: Iterable[CaseRun], slack_s: float = SLACK_S) -> Summary:
         cpu=_cpu([c.run for c in cases]),
         cases=cases,
         stragglers=straggler_stats(cases),
+        stray_job_alerts=JobAlerts(sum(stray), sum(1 for n in stray if n), job_hours, per_100),
     )
 
 

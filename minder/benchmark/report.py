@@ -70,6 +70,7 @@ _OVERALL: tuple[_Column, ...] = (
     _Column("fail-stop s (med/p95)", lambda r: _latency(r.summary.fail_stop.latency)),
     _Column("fail-slow s (med/p95)", lambda r: _latency(r.summary.fail_slow.latency)),
     _Column("FA/1000 mh", _fa),
+    _Column("stray job alerts", lambda r: str(r.summary.stray_job_alerts.count)),
     _Column("CPU s/job-s", lambda r: _sig(r.summary.cpu.per_job_second)),
     _Column("notes", _row_note, "left"),
 )

@@ -22,6 +22,7 @@ _CADENCE_HEADERS = (
     "F1",
     "alerts (TP/FP/dup)",
     "FA/1000 mh (count)",
+    "stray job alerts",
     "onset s (median)",
     "onset samples",
     "notes",
@@ -52,6 +53,7 @@ def _cadence_cells(result: IndependentResult) -> list[tuple[str, ...]]:
                 _num(figures["f1"]),
                 f"{overall.tp_alerts}/{overall.fp_alerts}/{overall.duplicates}",
                 "—" if fa is None else f"{fa:.1f} ({figures['false_alarms']})",
+                str(figures["stray_job_alerts"]),
                 _num(figures["onset_to_alert_median_s"], 0),
                 _num(figures["onset_to_alert_median_samples"], 1),
                 ", ".join(notes),
@@ -145,7 +147,8 @@ def markdown_independent(result: IndependentResult) -> str:
         "",
         "Onset→alert: median over detected faults, in seconds and in samples; FA/1000 mh: alerts "
         "on fault-free jobs per 1000 machine-hours (count); alerts as true positives / false "
-        "positives / duplicates.",
+        "positives / duplicates; stray job alerts: hangs no fault explains (a checkpoint the "
+        "loop did not report), apart from the machine alerts.",
         "",
         _md_table(_CADENCE_HEADERS, _cadence_cells(result)),
         "",

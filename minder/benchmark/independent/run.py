@@ -80,6 +80,7 @@ class IndependentResult:
                     "false_alarms_per_1000_machine_hours": (
                         summary.false_alarms.per_1000_machine_hours
                     ),
+                    "stray_job_alerts": summary.stray_job_alerts.count,
                     "onset_to_alert_median_s": latency,
                     "onset_to_alert_median_samples": (
                         None if latency is None else latency / interval
