@@ -240,15 +240,7 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
             BatchConsumer(broker.bootstrap, group_id="new-cluster", **FAST) as consumer,
         ):
             first_id = broker.cluster_id
-            for i in range(6):
-                producer.send(make_batch("a", "n0", T0 + i))
-            producer.flush(10)
-            _poll_until(consumer, received, 6)
-            assert consumer.stats.offset_by_partition  # committed up to 6
-            broker.restart()
-            for i in range(6, 15):  # offsets 0-8 of the new log
-                producer.send(make_batch("a", "n0", T0 + i))
-            producer.flush(30)
+            _six_read_then_nine_in_a_new_cluster(broker, producer, consumer, received, make_batch)
             with caplog.at_level("WARNING", logger="minder.stream.consumer"):
                 _poll_until(consumer, received, 15)
                 assert {int(b.ts - T0) for b in received} == set(range(15))
@@ -269,8 +261,8 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
 def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batch, caplog) -> None:
     """The fetch at a stale position can land before the metadata that names the new cluster,
     and a commit of what it read then is a position of the old logs in the new one. A rebalance
-    must not follow it: the partition starts again from the beginning until this member has
-    committed it knowing the new cluster.
+    must not follow it: at the first rebalance after the change, a partition this member has not
+    committed since starts again from the beginning.
 
     The stale commit is written here by a plain client (Tansu accepts a commit outside a
     generation into a group with no member), as the member's own commit after the restart
@@ -282,14 +274,7 @@ def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batc
             BatchProducer(broker.bootstrap) as producer,
             BatchConsumer(broker.bootstrap, group_id="stale-commit", **FAST) as consumer,
         ):
-            for i in range(6):
-                producer.send(make_batch("a", "n0", T0 + i))
-            producer.flush(10)
-            _poll_until(consumer, received, 6)
-            broker.restart()
-            for i in range(6, 15):  # offsets 0-8 of the new log
-                producer.send(make_batch("a", "n0", T0 + i))
-            producer.flush(30)
+            _six_read_then_nine_in_a_new_cluster(broker, producer, consumer, received, make_batch)
             stale = KafkaConsumer(
                 bootstrap_servers=broker.bootstrap,
                 group_id="stale-commit",
@@ -313,6 +298,26 @@ def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batc
                 "not committed by this member since the cluster changed" in caplog.text
                 or "partitions minder.metrics.v1[0] start again" in caplog.text
             )
+
+
+def _six_read_then_nine_in_a_new_cluster(
+    broker: EmbeddedBroker,
+    producer: BatchProducer,
+    consumer: BatchConsumer,
+    received: list[NodeBatch],
+    make_batch: Callable[..., NodeBatch],
+) -> None:
+    """Batches 0-5 written and read (committed up to 6), the broker restarted empty under a new
+    cluster id, batches 6-14 written: offsets 0-8 of the new log."""
+    for i in range(6):
+        producer.send(make_batch("a", "n0", T0 + i))
+    producer.flush(10)
+    _poll_until(consumer, received, 6)
+    assert consumer.stats.offset_by_partition  # committed up to 6
+    broker.restart()
+    for i in range(6, 15):
+        producer.send(make_batch("a", "n0", T0 + i))
+    producer.flush(30)
 
 
 def _poll_until(consumer: BatchConsumer, received: list[NodeBatch], distinct: int) -> None:
