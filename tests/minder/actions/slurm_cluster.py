@@ -41,6 +41,13 @@ from server_process import stop_process
 logger = logging.getLogger(__name__)
 
 DEFAULT_NODES = ("demo-n0023", "demo-n0024", "demo-n0025")
+ONE_HOST_COLLECTIVE = ("env", "MINDER_SELFCHECK_COLLECTIVE_THRESHOLD=50")
+"""The prefix of a ``minder selfcheck run`` command whose collective runs on this one-host
+cluster. Its "nodes" share two cores with the daemons, the API and the test, and the suspect
+hosts the rendezvous store: a healthy suspect has read over 2x its partners there (CI), and once
+8.8x and 13.4x in its two pairs. The loop tests test the loop; the collective's judgement is
+tested on its own at the product default of 2 (tests/collectors/selfcheck/test_collective.py,
+4-8 processes)."""
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "squeue", "scancel")
 """The daemons, and the clients the tests run (``sbatch`` and ``squeue`` for jobs, ``srun`` in a
 self-check's batch script, ``scancel``)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from slurm_cluster import SlurmCluster, skip_reason
+from slurm_cluster import ONE_HOST_COLLECTIVE, SlurmCluster, skip_reason
 
 from minder.actions.executor import ActionExecutor
 from minder.actions.policy import ActionPolicy, SelfCheckPolicy
@@ -131,11 +131,7 @@ class Loop:
             kinds=frozenset({"rule"}),
             partners=2,
             command=(
-                # The loop is under test here; the collective's judgement is tested on its own
-                # (tests/collectors/selfcheck/test_collective.py). Three ranks, the service and
-                # four slurmd share two cores, where a healthy suspect has read over 2x its
-                # partners (CI: the failing run's collective failed beside its matmul): 4.
-                *("env", "MINDER_SELFCHECK_COLLECTIVE_THRESHOLD=4"),
+                *ONE_HOST_COLLECTIVE,
                 str(minder),
                 "selfcheck",
                 "run",

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster, skip_reason
+from slurm_cluster import ONE_HOST_COLLECTIVE, SlurmCluster, skip_reason
 
 from minder.actions.base import ActionError, mark_for
 from minder.actions.selfcheck import CheckLaunch, LauncherOptions, LaunchState, SelfCheckLauncher
@@ -866,7 +866,7 @@ def _minder_selfcheck(sink: _ReportSink, check_id: str, *checks: str) -> tuple[s
     minder = Path(sys.executable).with_name("minder")
     options = [part for name in checks for part in ("--check", name)]
     return (
-        str(minder), "selfcheck", "run", *options, "--format", "json",
+        *ONE_HOST_COLLECTIVE, str(minder), "selfcheck", "run", *options, "--format", "json",
         "--report-url", sink.url, "--check-id", check_id,
     )  # fmt: skip
 

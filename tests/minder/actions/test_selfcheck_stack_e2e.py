@@ -22,6 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from server_process import wait_for
 from service_settings import isolated_settings, send_scenario
+from slurm_cluster import ONE_HOST_COLLECTIVE
 
 from collectors.sim.scenario import Scenario
 from minder.service.stack import build_stack
@@ -78,10 +79,7 @@ def test_a_faulty_node_is_drained_checked_and_returned_by_the_running_service(
     settings.selfcheck.master_port = free_port()
     settings.selfcheck.interval_s = 0.5
     settings.selfcheck.command = [
-        # The loop is under test here; the collective's judgement is tested on its own
-        # (tests/collectors/selfcheck/test_collective.py). Three ranks, the service and slurmd
-        # share two cores, where a healthy suspect has read 2x its partners: a slow factor of 4.
-        *("env", "MINDER_SELFCHECK_COLLECTIVE_THRESHOLD=4"),
+        *ONE_HOST_COLLECTIVE,
         str(Path(sys.executable).with_name("minder")),
         "selfcheck",
         "run",
