@@ -102,6 +102,16 @@ With a scale of at least one and a half times the peers' level, a port must paus
 times as often as its peers (at the default threshold of 6) before it is an outlier."""
 
 
+OWN_PAUSE_FACTORS = "0 (off) or a factor of 1 to 100"
+"""What ``hang_own_pause_factor`` may be, in words (:func:`own_pause_factor_ok`)."""
+
+
+def own_pause_factor_ok(value: object) -> bool:
+    """Whether ``value`` is a hang detector's ``own_pause_factor``: 0 (off) or a number of 1 to
+    100 (a stall held for less than the longest the job ended by itself would page at once)."""
+    return isinstance(value, int | float) and (value == 0 or 1 <= value <= 100)
+
+
 IDLE_AT_ZERO: frozenset[str] = frozenset(
     {
         "gpu_util_ratio",
@@ -323,8 +333,8 @@ class DetectorConfig:
                 f"or untrusted_factor={self.untrusted_factor!r} below 1: expected neither"
             )
         factor = self.hang_own_pause_factor
-        if not (factor == 0 or 1 <= factor <= 100):
-            raise ValueError(f"hang_own_pause_factor is {factor!r}: expected 0 (off) or 1 to 100")
+        if not own_pause_factor_ok(factor):
+            raise ValueError(f"hang_own_pause_factor is {factor!r}: expected {OWN_PAUSE_FACTORS}")
         if not 0 < self.coherence_share < 1:
             raise ValueError(f"coherence_share is {self.coherence_share!r}: expected (0, 1)")
         if not 0 < self.domain_fraction <= 1:

@@ -77,6 +77,7 @@ from typing import Any
 
 import numpy as np
 
+from detectors.config import OWN_PAUSE_FACTORS, own_pause_factor_ok
 from detectors.window import NEVER, JobWindow
 from minder.core.alert import Alert, AlertKind
 from minder.core.hang import (
@@ -175,8 +176,8 @@ class HangConfig:
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"hang {name} is {value!r}: expected seconds >= 0")
         factor = self.own_pause_factor
-        if not (isinstance(factor, int | float) and (factor == 0 or 1 <= factor <= 100)):
-            raise ValueError(f"hang own_pause_factor is {factor!r}: expected 0 (off) or 1 to 100")
+        if not own_pause_factor_ok(factor):
+            raise ValueError(f"hang own_pause_factor is {factor!r}: expected {OWN_PAUSE_FACTORS}")
         if isinstance(self.min_advances, bool) or self.min_advances < 1:
             raise ValueError(f"hang min_advances is {self.min_advances!r}: expected >= 1")
         if not 0 < self.min_alive_share <= 1:

@@ -27,7 +27,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from detectors.config import DetectorConfig
+from detectors.config import OWN_PAUSE_FACTORS, DetectorConfig, own_pause_factor_ok
 from minder.core.errors import ValidationError
 from minder.core.records import ALERTS_TOPIC, DEADLETTER_TOPIC, METRICS_TOPIC
 
@@ -651,8 +651,8 @@ class DetectionSettings(BaseModel):
     @field_validator("hang_own_pause_factor")
     @classmethod
     def _check_own_pause(cls, value: float) -> float:
-        if not (value == 0 or 1 <= value <= 100):
-            raise ValueError("expected 0 (off) or a factor of 1 to 100")
+        if not own_pause_factor_ok(value):
+            raise ValueError(f"expected {OWN_PAUSE_FACTORS}")
         return value
 
     @field_validator("method", "denoiser")

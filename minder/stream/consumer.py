@@ -796,7 +796,7 @@ class BatchConsumer:
             current[:MAX_ID_CHARS],
             before[:MAX_ID_CHARS],
             f"partitions {_names(owned)}" if owned else "the partitions assigned next",
-            "beginning" if self._auto_offset_reset == "earliest" else "end",
+            self._reset_to,
         )
         return current
 
@@ -852,7 +852,7 @@ class BatchConsumer:
                     "again from the %s",
                     tp.topic,
                     tp.partition,
-                    "beginning" if self._auto_offset_reset == "earliest" else "end",
+                    self._reset_to,
                 )
                 offset = None
             else:
@@ -873,6 +873,11 @@ class BatchConsumer:
             self._trusted = None  # the first rebalance after a new cluster is applied
         self._publish_backlog()
         return done | (targets - owned)
+
+    @property
+    def _reset_to(self) -> str:
+        """Where ``auto_offset_reset`` starts a partition without a position, in words."""
+        return "beginning" if self._auto_offset_reset == "earliest" else "end"
 
     def _seek_to_reset(self, *tps: TopicPartition) -> None:
         """Seek ``tps`` where ``auto_offset_reset`` says a partition without a position starts:

@@ -75,15 +75,10 @@ class Job:
 
     def steps_done(self, t: float, rank: int) -> int:
         """Steps the rank completed by time ``t`` (relative)."""
-        done = 0
         windows = [(0.0, self.hang_at)]
         if self.resume_at is not None:
             windows.append((self.resume_at, self.hang2_at))
-        for begin, end in windows:
-            if t < begin:
-                break
-            stop = t if end is None else min(t, end)
-            done += math.floor((stop - begin) / self.step_s + 1e-9)
+        done = _steps_in(windows, self.step_s, t)
         if rank in self.behind and self.hang_at is not None and t >= self.hang_at:
             done = max(0, done - 1)
         return done
@@ -343,19 +338,21 @@ def test_resumed_job_then_second_hang_two_alerts(interval: int) -> None:
     assert analysis is not None and analysis.hung
 
 
+def _steps_in(periods: Sequence[tuple[float, float | None]], step_s: float, t: float) -> int:
+    """Steps completed by time ``t`` (relative) by a job that steps in ``periods`` (end None:
+    to the end) only."""
+    out = 0
+    for begin, end in periods:
+        if t < begin:
+            break
+        stop = t if end is None else min(t, end)
+        out += math.floor((stop - begin) / step_s + 1e-9)
+    return out
+
+
 def _stepping(periods: Sequence[tuple[float, float | None]], step_s: float) -> Callable[..., int]:
-    """``steps_done`` of a job that steps in ``periods`` (end None: to the end) only."""
-
-    def done(t: float, rank: int) -> int:
-        out = 0
-        for begin, end in periods:
-            if t < begin:
-                break
-            stop = t if end is None else min(t, end)
-            out += math.floor((stop - begin) / step_s + 1e-9)
-        return out
-
-    return done
+    """``steps_done`` of a job that steps in ``periods`` only."""
+    return lambda t, rank: _steps_in(periods, step_s, t)
 
 
 def _learning() -> HangDetector:
