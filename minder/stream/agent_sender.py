@@ -34,6 +34,7 @@ from minder.core.errors import BrokerError, ValidationError
 from minder.core.records import METRICS_TOPIC
 from minder.core.signing import Signer
 from minder.stream.closing import close_producer
+from minder.stream.metadata import with_topic_creation
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ class KafkaRecordSender:
     def _client(self) -> KafkaProducer:
         if self._producer is None:
             try:
-                self._producer = KafkaProducer(**self._config)
+                self._producer = with_topic_creation(KafkaProducer(**self._config), self._config)
             except KafkaConfigurationError as exc:
                 raise ValidationError(f"invalid Kafka producer settings: {exc}") from exc
             except KafkaError as exc:

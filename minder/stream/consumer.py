@@ -61,6 +61,7 @@ from minder.stream.deadletter import (
     describe_failure,
     reason_class,
 )
+from minder.stream.metadata import with_topic_creation
 from minder.stream.security import connection_config
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ logger = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 64
 """A cluster id the brokers send is cut to this length in the log."""
+_UNREAD = -2  # a committed offset that could not be read (real ones are >= 0, or None)
 
 BatchHandler = Callable[[list[NodeBatch]], object]
 """Receives the good batches of one poll; its return value is ignored, raising means retry."""
@@ -152,6 +154,9 @@ class ConsumerStats:
         id): every assigned partition was read again from the start of its new log (from its
         end with ``auto_offset_reset="latest"``), and so was every partition the next rebalance
         assigned that this member had not committed in the new cluster.
+    dropped_joins
+        Group joins the Kafka client dropped and was asked to make again
+        (:meth:`BatchConsumer._complete_rejoin`).
     """
 
     polls: int = 0
@@ -173,6 +178,7 @@ class ConsumerStats:
     backlog_messages: int = 0
     assigned_partitions: int = 0
     cluster_changes: int = 0
+    dropped_joins: int = 0
     backlog_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     offset_by_partition: dict[tuple[str, int], int] = field(default_factory=dict)
     decode_failures_by_reason: Counter[str] = field(
@@ -322,8 +328,11 @@ class BatchConsumer:
         self._cluster_id: str | None = None  # of the brokers this member last read from
         self._clusters_seen: set[str] = set()
         # From a new cluster to the first rebalance after it: the partitions whose committed
-        # offset this member made knowing it (None: every commit is followed).
+        # offset this member made knowing it (None: no new cluster is waiting for a rebalance).
         self._trusted: set[TopicPartition] | None = None
+        # From that rebalance on: the committed offset of every partition this member had not
+        # committed then, until someone commits it again (see _resume_from_committed).
+        self._suspect: dict[TopicPartition, int | None] = {}
         self._flip_logged = False
         self._auto_offset_reset = auto_offset_reset
         self._closed = False
@@ -348,24 +357,28 @@ class BatchConsumer:
             **connection,
         }
         config.update(extra_config or {})
+        self._join_timeout_ms = int(config["max_poll_interval_ms"])
         try:
-            self._consumer = KafkaConsumer(**config)
+            self._consumer = with_topic_creation(KafkaConsumer(**config), config)
         except KafkaConfigurationError as exc:
             raise ValidationError(f"invalid Kafka consumer settings: {exc}") from exc
         except KafkaError as exc:
             raise BrokerError(f"cannot connect a consumer to {bootstrap!r}: {exc!r}") from exc
         try:
-            self._deadletters = KafkaProducer(
-                bootstrap_servers=bootstrap,
-                client_id=f"{client_id}-deadletter",
-                acks="all",
-                enable_idempotence=False,  # Tansu refuses idempotent produce requests
-                linger_ms=0,
-                max_block_ms=5_000,
-                bootstrap_timeout_ms=bootstrap_timeout_ms,
-                reconnect_backoff_max_ms=1000,
-                allow_auto_create_topics=False,
+            deadletter_config: dict[str, Any] = {
+                "bootstrap_servers": bootstrap,
+                "client_id": f"{client_id}-deadletter",
+                "acks": "all",
+                "enable_idempotence": False,  # Tansu refuses idempotent produce requests
+                "linger_ms": 0,
+                "max_block_ms": 5_000,
+                "bootstrap_timeout_ms": bootstrap_timeout_ms,
+                "reconnect_backoff_max_ms": 1000,
+                "allow_auto_create_topics": False,
                 **connection,
+            }
+            self._deadletters = with_topic_creation(
+                KafkaProducer(**deadletter_config), deadletter_config
             )
         except KafkaError as exc:
             close_client(self._consumer, autocommit=False)
@@ -398,8 +411,9 @@ class BatchConsumer:
     def poll_once(self, handler: BatchHandler, timeout_ms: int = 1000) -> PollOutcome:
         """Fetch, decode, dead-letter, hand over and commit one poll's messages.
 
-        The first polls of a new member only join the group and return an empty outcome; Tansu
-        holds a join for about half ``session_timeout_ms`` (5 s with the default 10 s).
+        While the group is being (re)joined, the poll first waits for the join to end
+        (:meth:`_complete_rejoin`); Tansu holds a join for about half ``session_timeout_ms``
+        (5 s with the default 10 s).
 
         Raises
         ------
@@ -409,6 +423,7 @@ class BatchConsumer:
         """
         if self._closed:
             raise BrokerError("the consumer is closed")
+        self._complete_rejoin()
         try:
             fetched: dict[TopicPartition, list[ConsumerRecord]] = self._consumer.poll(
                 timeout_ms=timeout_ms
@@ -730,6 +745,8 @@ class BatchConsumer:
         self.stats.commits += 1
         if self._trusted is not None:
             self._trusted.update(offsets)
+        for tp in offsets:
+            self._suspect.pop(tp, None)
         # Forget the dead letters the commit covers; later ones may still be redelivered.
         self._pending_dead = {
             (tp, offset)
@@ -758,6 +775,45 @@ class BatchConsumer:
             (tp.topic, tp.partition): offset for tp, offset in self._offsets.items()
         }
         self.stats.backlog_messages = sum(self._backlog.values())
+
+    def _complete_rejoin(self) -> None:
+        """Drive a group (re)join the client has started, or needs, to its end in one call.
+
+        kafka-python 3.0 (3.0.12) loses joins that outlive a poll. A broker holds a JoinGroup
+        until the group's members have joined (Tansu: half the session timeout), longer than a
+        short poll, so the join goes on in the background. (1) A join that completes between
+        two polls is thrown away and sent again by the next one; a worker busy between polls
+        with what the last one gave can loop on this for good. (2) A join asked for because
+        the topic's partitions in the metadata differ from those of the group's last
+        assignment (as after a broker restart) is not applied at all if it completes between
+        polls: the leader's assignment records the partitions that asked for it, the next poll
+        finds nothing to rejoin for, and the member keeps the partitions it revoked, never
+        fetched again (CI read nothing for 30 s). So while a join is needed or under way, wait
+        for it here, up to ``max_poll_interval_ms`` (the rebalance timeout the broker holds a
+        join for); a join dropped as in (2) is asked for again first. Nothing is done while the
+        coordinator is unknown (the poll looks for it), or with a client without these
+        (private) attributes.
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        needed = getattr(coordinator, "need_rejoin", None)
+        if coordinator is None or not callable(needed):
+            return
+        started = getattr(coordinator, "rejoining", False) is True
+        need = bool(needed())
+        if not (started or need) or coordinator.coordinator_unknown():
+            return
+        if started and not need:
+            logger.warning(
+                "the Kafka client dropped the group join it had started for %s (the partitions "
+                "changed while the broker held it): joining again",
+                self.topic,
+            )
+            self.stats.dropped_joins += 1
+            coordinator.request_rejoin()
+        try:
+            coordinator.ensure_active_group(timeout_ms=self._join_timeout_ms)
+        except KafkaError as exc:
+            raise BrokerError(f"joining group {self.group_id!r} failed: {exc!r}") from exc
 
     def _new_cluster(self) -> str | None:
         """The cluster id the brokers now answer with, when it is new: a cluster whose storage
@@ -818,11 +874,9 @@ class BatchConsumer:
         self._reposition -= owned
         # A commit in the new cluster made before this member saw its id (the fetch at a stale
         # position can land before the metadata that names the new cluster) is a position of
-        # the old logs: the first rebalance after this starts again every partition it assigns
-        # that this member has not committed since, never at that commit. (Once every member
-        # has seen the new id, as they have by the group's first rebalance in it, commits are
-        # followed again: a partition moving between members later is not read twice.)
+        # the old logs: see _resume_from_committed.
         self._trusted = set()
+        self._suspect = {}
         self._cluster_id = cluster_id
         self._clusters_seen.add(cluster_id)
         self.stats.cluster_changes += 1
@@ -834,34 +888,48 @@ class BatchConsumer:
         kafka-python keeps the in-memory position of a partition that stays with this member
         across a rebalance. The group's committed offset is the truth after a rebalance: the
         position may be ahead of it (a poll that failed, then a rebalance) or stale (the broker
-        lost its data and was restarted: Tansu keeps everything in memory). At the first
-        rebalance after a new cluster (:meth:`_new_cluster`), a partition this member has not
-        committed in it yet starts from the beginning (or the end) whatever its committed
-        offset: that offset may come from a read at a position of the old logs, made before the
-        new id was known.
+        lost its data and was restarted: Tansu keeps everything in memory).
+
+        After a new cluster (:meth:`_new_cluster`) a committed offset may be a position of the
+        old logs: the member that owned the partition read it at its stale position before the
+        metadata naming the new cluster reached it, and committed that. So the first rebalance
+        after the change notes the committed offset of every partition of the topic that this
+        member has not committed since (:meth:`_suspect_commits`), and while a partition's
+        committed offset is still the one noted, no rebalance follows it: the partition starts
+        from the beginning (or the end). Once anyone commits it again (this member, or another
+        that has seen the new id by the group's first rebalance in it) it is followed, so a
+        partition moving between members later is not read twice. Not covered: a member that
+        starts only after the change has nothing to compare with and follows such a commit,
+        and a partition read again from the beginning by another member, which then commits
+        exactly the noted offset (nothing new was written), is read again by the next owner.
         """
         targets, self._reposition = self._reposition, set()
         if self.authenticator is not None:
             self.authenticator.rollback()  # what follows the last commit is delivered again
         owned = self._consumer.assignment()
+        if self._trusted is not None:
+            self._suspect = self._suspect_commits(self._trusted)
+            self._trusted = None  # the first rebalance after a new cluster is applied
         done: set[TopicPartition] = set()
         for tp in sorted(targets & owned):
-            if self._trusted is not None and tp not in self._trusted:
+            try:
+                offset = self._consumer.committed(tp)
+            except KafkaError as exc:
+                logger.warning("cannot read the committed offset of %s: %r", tp, exc)
+                self._reposition.add(tp)  # try again at the next poll
+                continue
+            if tp in self._suspect and self._suspect[tp] in (offset, _UNREAD):
                 logger.info(
-                    "%s[%d] not committed by this member since the cluster changed: starting it "
-                    "again from the %s",
+                    "%s[%d]: its committed offset %s was there when the cluster changed and "
+                    "nobody has committed it since: starting it again from the %s",
                     tp.topic,
                     tp.partition,
+                    offset,
                     self._reset_to,
                 )
                 offset = None
             else:
-                try:
-                    offset = self._consumer.committed(tp)
-                except KafkaError as exc:
-                    logger.warning("cannot read the committed offset of %s: %r", tp, exc)
-                    self._reposition.add(tp)  # try again at the next poll
-                    continue
+                self._suspect.pop(tp, None)  # committed again since: followed from now on
             if offset is not None:
                 self._consumer.seek(tp, offset)
                 self._offsets[tp] = offset
@@ -869,10 +937,25 @@ class BatchConsumer:
                 self._offsets.pop(tp, None)  # known again after the first fetch
                 self._seek_to_reset(tp)
             done.add(tp)
-        if done:
-            self._trusted = None  # the first rebalance after a new cluster is applied
         self._publish_backlog()
         return done | (targets - owned)
+
+    def _suspect_commits(self, trusted: set[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The committed offset of every partition of the topic this member has not committed
+        since the cluster changed (``_UNREAD`` where it cannot be read: suspect whatever it is
+        until someone commits the partition)."""
+        partitions = self._consumer.partitions_for_topic(self.topic) or set()
+        suspect: dict[TopicPartition, int | None] = {}
+        for number in sorted(partitions):
+            tp = TopicPartition(self.topic, number)
+            if tp in trusted:
+                continue
+            try:
+                suspect[tp] = self._consumer.committed(tp)
+            except KafkaError as exc:
+                logger.warning("cannot read the committed offset of %s: %r", tp, exc)
+                suspect[tp] = _UNREAD
+        return suspect
 
     @property
     def _reset_to(self) -> str:

@@ -27,6 +27,7 @@ from minder.core.errors import BrokerError, DecodeError
 from minder.core.records import DEADLETTER_TOPIC
 from minder.core.signing import AUTH_REASONS, AuthError
 from minder.stream.closing import close_client
+from minder.stream.metadata import with_topic_creation
 from minder.stream.security import connection_config
 
 logger = logging.getLogger(__name__)
@@ -221,15 +222,17 @@ def read_dead_letters(
     """
     connection = connection_config(client_options)
     try:
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
-            group_id=None,
-            fetch_max_wait_ms=100,
-            enable_auto_commit=False,
-            request_timeout_ms=max(1000, int(timeout_s * 1000)),
+        config: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "client_id": client_id,
+            "group_id": None,
+            "fetch_max_wait_ms": 100,
+            "enable_auto_commit": False,
+            "request_timeout_ms": max(1000, int(timeout_s * 1000)),
+            "allow_auto_create_topics": False,  # reading a topic never creates it
             **connection,
-        )
+        }
+        consumer = with_topic_creation(KafkaConsumer(**config), config)
     except KafkaError as exc:
         raise BrokerError(f"cannot reach the Kafka brokers at {bootstrap!r}: {exc!r}") from exc
     try:

@@ -32,6 +32,7 @@ from minder.core.records import ALERTS_TOPIC, METRICS_TOPIC, NodeBatch
 from minder.core.signing import FleetSigner
 from minder.core.wire import AGENT_FORMAT, WireFormat
 from minder.stream.closing import close_producer
+from minder.stream.metadata import with_topic_creation
 from minder.stream.security import connection_config
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class _Publisher:
         config.update(connection_config(client_options))
         config.update(extra_config or {})
         try:
-            self._producer = KafkaProducer(**config)
+            self._producer = with_topic_creation(KafkaProducer(**config), config)
         except KafkaConfigurationError as exc:
             raise ValidationError(f"invalid Kafka producer settings: {exc}") from exc
         except KafkaError as exc:

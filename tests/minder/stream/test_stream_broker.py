@@ -24,6 +24,7 @@ from minder.stream import (
     resolve_tansu_binary,
 )
 from minder.stream.closing import close_client
+from minder.stream.topics import create_missing_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -247,6 +248,14 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
                 assert consumer.stats.cluster_changes == 1
                 assert broker.cluster_id is not None and broker.cluster_id in caplog.text
                 assert "start again from the beginning" in caplog.text
+                # Read before the member rejoined, its commit may have failed (the new broker
+                # did not know it) and the rejoin then reads the log again: wait until the
+                # whole new log is committed.
+                tp = TopicPartition(METRICS_TOPIC, 0)
+                deadline = time.monotonic() + 30
+                while consumer._consumer.committed(tp) != 9:
+                    assert time.monotonic() < deadline, consumer._consumer.committed(tp)
+                    consumer.poll_once(received.extend, timeout_ms=100)
                 # An id seen before coming back (two clusters behind one bootstrap list) is
                 # said once, and nothing is read again.
                 consumer._consumer._cluster.cluster_id = first_id
@@ -256,6 +265,68 @@ def test_a_consumer_reads_a_new_clusters_logs_from_their_start(make_batch, caplo
                 assert consumer.stats.cluster_changes == 1
                 assert consumer.stats.consumed == consumed
                 assert caplog.text.count("again, after") == 1
+
+
+def test_a_rejoin_that_completes_between_polls_is_applied(make_batch, caplog) -> None:
+    """kafka-python 3.0 drops a group join that completes between two polls when the join was
+    asked for by a change of the topic's partitions (as a restarted broker shows it) rather
+    than by the coordinator: the leader's assignment updates the snapshot that asked for it,
+    the next poll sees nothing to do, and the member keeps the partitions it revoked, unread,
+    for good. A worker busy between short polls meets this after every broker restart (CI:
+    nothing read for 30 s); the consumer asks the client to finish the join."""
+    topics = minder_topics(1)
+    with EmbeddedBroker(topics=topics) as broker:
+        received: list[NodeBatch] = []
+        with (
+            BatchProducer(broker.bootstrap) as producer,
+            BatchConsumer(broker.bootstrap, group_id="busy", **FAST) as consumer,
+        ):
+            _six_read_then_nine_in_a_new_cluster(broker, producer, consumer, received, make_batch)
+            with caplog.at_level("WARNING", logger="minder.stream.consumer"):
+                _poll_until(consumer, received, 15, timeout_ms=20, pause_s=0.4)
+            assert {int(b.ts - T0) for b in received} == set(range(15))
+
+
+def test_a_join_dropped_by_the_client_is_made_again(make_batch, caplog) -> None:
+    """The second way kafka-python 3.0 loses a join, made deterministic: the metrics topic
+    goes from the metadata and comes back (deleted and created again), so the leader rejoins
+    for a change of partitions; the join completes while nobody polls, and the client then
+    sees nothing to rejoin for and keeps the partition it revoked, unread. The consumer joins
+    again and reads what is written next."""
+    topics = minder_topics(1)
+    with EmbeddedBroker(topics=topics) as broker:
+        received: list[NodeBatch] = []
+        with (
+            BatchProducer(broker.bootstrap) as producer,
+            BatchConsumer(broker.bootstrap, group_id="dropped", **FAST) as consumer,
+        ):
+            for i in range(3):
+                producer.send(make_batch("a", "n0", T0 + i))
+            producer.flush(10)
+            _poll_until(consumer, received, 3)
+            coordinator = consumer._consumer._coordinator
+            admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="test-drop")
+            try:
+                admin.delete_topics([METRICS_TOPIC])
+                deadline = time.monotonic() + 30
+                while not coordinator.rejoining:  # the client's own poll starts the join
+                    assert time.monotonic() < deadline, "no rejoin after the topic went"
+                    consumer._consumer._cluster.request_update()
+                    consumer._consumer.poll(timeout_ms=20)
+                create_missing_topics(admin, {METRICS_TOPIC: 1}, timeout_ms=10_000)
+            finally:
+                close_client(admin)
+            time.sleep(3)  # the held join completes in the background (Tansu: 1.5 s here)
+            if coordinator.need_rejoin():
+                pytest.skip("this kafka-python no longer drops a join that ends between polls")
+            for i in range(3, 6):
+                producer.send(make_batch("a", "n0", T0 + i))
+            producer.flush(10)
+            with caplog.at_level("WARNING", logger="minder.stream.consumer"):
+                _poll_until(consumer, received, 6)
+            assert {int(b.ts - T0) for b in received} == set(range(6))
+            assert consumer.stats.dropped_joins == 1
+            assert "dropped the group join" in caplog.text
 
 
 def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batch, caplog) -> None:
@@ -275,18 +346,7 @@ def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batc
             BatchConsumer(broker.bootstrap, group_id="stale-commit", **FAST) as consumer,
         ):
             _six_read_then_nine_in_a_new_cluster(broker, producer, consumer, received, make_batch)
-            stale = KafkaConsumer(
-                bootstrap_servers=broker.bootstrap,
-                group_id="stale-commit",
-                enable_auto_commit=False,
-            )
-            try:
-                tp = TopicPartition(METRICS_TOPIC, 0)
-                stale.assign([tp])
-                stale.commit(offsets={tp: OffsetAndMetadata(9, "", -1)})
-                assert stale.committed(tp) == 9
-            finally:
-                close_client(stale, autocommit=False)
+            _commit_nine(broker.bootstrap, "stale-commit")
             with caplog.at_level("INFO", logger="minder.stream.consumer"):
                 _poll_until(consumer, received, 15)
             assert {int(b.ts - T0) for b in received} == set(range(15))
@@ -295,9 +355,56 @@ def test_a_commit_made_before_the_new_cluster_was_seen_is_not_followed(make_batc
             # assignment, else by the new id's own seek of the partitions assigned then. Which
             # comes first is a race: without the rule, 2 of 5 runs here lost batches 6-11.
             assert (
-                "not committed by this member since the cluster changed" in caplog.text
+                "nobody has committed it since" in caplog.text
                 or "partitions minder.metrics.v1[0] start again" in caplog.text
             )
+
+
+def test_a_stale_commit_is_not_followed_by_a_later_rebalance_either(make_batch, caplog) -> None:
+    """The group can rebalance again before this member has read anything of the new log (a
+    member expelled on a loaded machine and rejoining, or another joining): the stale commit
+    is still the committed offset, and that rebalance must not follow it either. (CI lost
+    batches 6-14 this way once suspicion ended at the first rebalance.)"""
+    topics = minder_topics(1)
+    with EmbeddedBroker(topics=topics) as broker:
+        received: list[NodeBatch] = []
+        with (
+            BatchProducer(broker.bootstrap) as producer,
+            BatchConsumer(broker.bootstrap, group_id="stale-again", **FAST) as consumer,
+        ):
+            _six_read_then_nine_in_a_new_cluster(broker, producer, consumer, received, make_batch)
+            _commit_nine(broker.bootstrap, "stale-again")
+            # Reached through kafka-python's own rebalance path (the coordinator's rejoin, as a
+            # metadata change asks for it): the member revokes and is assigned the partition
+            # again, with nothing read in between.
+            coordinator = consumer._consumer._coordinator
+            commits, rebalances = consumer.stats.commits, 0
+            deadline = time.monotonic() + 30
+            with caplog.at_level("INFO", logger="minder.stream.consumer"):
+                while rebalances < 3:
+                    assert time.monotonic() < deadline, caplog.text[-2000:]
+                    assigned = caplog.text.count("partitions assigned")
+                    try:
+                        consumer.poll_once(received.extend, timeout_ms=200)
+                    except BrokerError:
+                        time.sleep(0.1)
+                        continue
+                    if (
+                        caplog.text.count("partitions assigned") > assigned
+                        and consumer.stats.cluster_changes
+                    ):
+                        # Whatever was read since the restart, nothing was committed (the new
+                        # broker does not know the member before it rejoins).
+                        assert consumer.stats.commits == commits
+                        rebalances += 1
+                        if rebalances < 3:
+                            coordinator.request_rejoin()
+                # After the third rebalance the whole new log is read: none followed offset 9.
+                received.clear()
+                _poll_until(consumer, received, 9)
+            assert {int(b.ts - T0) for b in received} == set(range(6, 15))
+            assert consumer.stats.cluster_changes == 1
+            assert caplog.text.count("nobody has committed it since") >= 2
 
 
 def _six_read_then_nine_in_a_new_cluster(
@@ -320,11 +427,33 @@ def _six_read_then_nine_in_a_new_cluster(
     producer.flush(30)
 
 
-def _poll_until(consumer: BatchConsumer, received: list[NodeBatch], distinct: int) -> None:
+def _commit_nine(bootstrap: str, group_id: str) -> None:
+    """Commit offset 9 of the metrics partition for ``group_id`` from a plain client."""
+    stale = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    try:
+        tp = TopicPartition(METRICS_TOPIC, 0)
+        stale.assign([tp])
+        stale.commit(offsets={tp: OffsetAndMetadata(9, "", -1)})
+        assert stale.committed(tp) == 9
+    finally:
+        close_client(stale, autocommit=False)
+
+
+def _poll_until(
+    consumer: BatchConsumer,
+    received: list[NodeBatch],
+    distinct: int,
+    *,
+    timeout_ms: int = 200,
+    pause_s: float = 0.0,
+) -> None:
+    """Poll until ``distinct`` timestamps were received, ``pause_s`` between polls (a handler
+    busy with what the last poll gave)."""
     deadline = time.monotonic() + 30
     while len({b.ts for b in received}) < distinct:
         assert time.monotonic() < deadline, f"{sorted(b.ts - T0 for b in received)}"
         try:
-            consumer.poll_once(received.extend, timeout_ms=200)
+            consumer.poll_once(received.extend, timeout_ms=timeout_ms)
         except BrokerError:
             time.sleep(0.1)  # the broker is coming back
+        time.sleep(pause_s)
