@@ -125,6 +125,7 @@ class DetectionWorker:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop polling and close the consumer."""
         self._stop.set()
+        self.consumer.stop_waiting()  # a poll waiting for a group join returns within 0.5 s
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.consumer.close()

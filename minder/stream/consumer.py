@@ -17,9 +17,10 @@ worker, also redelivers them: after every rebalance each partition resumes from 
 committed offset (kafka-python alone would keep the old position of a partition it keeps, which
 skips messages when a memory-only broker restarted empty), and when the brokers answer with a
 new cluster id (a cluster formatted anew, as the embedded broker is at each start) every
-assigned partition starts again from the beginning of its new log; so does every partition the
-first rebalance after that assigns, unless this member has committed it since (a commit made in
-the new cluster before its id was known may be a position of the old logs). Handlers must therefore
+assigned partition starts again from the beginning of its new log; so does every partition a
+later rebalance assigns while its committed offset is still the one it had at the first rebalance
+after the change (a commit made in the new cluster before its id was known may be a position of
+the old logs). Handlers must therefore
 tolerate seeing a batch twice (docs/architecture.md §3.3: samples may be late or duplicated). A
 message dead-lettered in a poll that is then redelivered is not dead-lettered twice by the same
 consumer (unless a rebalance came in between).
@@ -45,6 +46,7 @@ from kafka.errors import (
     IllegalStateError,
     KafkaConfigurationError,
     KafkaError,
+    KafkaTimeoutError,
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
@@ -73,7 +75,8 @@ logger = logging.getLogger(__name__)
 
 MAX_ID_CHARS = 64
 """A cluster id the brokers send is cut to this length in the log."""
-_UNREAD = -2  # a committed offset that could not be read (real ones are >= 0, or None)
+JOIN_SLICE_MS = 500
+"""A poll waiting for a group join looks this often whether the consumer is being stopped."""
 
 BatchHandler = Callable[[list[NodeBatch]], object]
 """Receives the good batches of one poll; its return value is ignored, raising means retry."""
@@ -152,8 +155,8 @@ class ConsumerStats:
     cluster_changes
         Times the brokers answered with a new cluster id (a cluster formatted anew under a new
         id): every assigned partition was read again from the start of its new log (from its
-        end with ``auto_offset_reset="latest"``), and so was every partition the next rebalance
-        assigned that this member had not committed in the new cluster.
+        end with ``auto_offset_reset="latest"``), and so was every partition a later rebalance
+        assigned while nobody had committed it since (:meth:`BatchConsumer._resume_from_committed`).
     dropped_joins
         Group joins the Kafka client dropped and was asked to make again
         (:meth:`BatchConsumer._complete_rejoin`).
@@ -358,6 +361,7 @@ class BatchConsumer:
         }
         config.update(extra_config or {})
         self._join_timeout_ms = int(config["max_poll_interval_ms"])
+        self._stop_waiting = threading.Event()
         try:
             self._consumer = with_topic_creation(KafkaConsumer(**config), config)
         except KafkaConfigurationError as exc:
@@ -777,7 +781,7 @@ class BatchConsumer:
         self.stats.backlog_messages = sum(self._backlog.values())
 
     def _complete_rejoin(self) -> None:
-        """Drive a group (re)join the client has started, or needs, to its end in one call.
+        """Drive a group (re)join the client has started, or needs, to its end.
 
         kafka-python 3.0 (3.0.12) loses joins that outlive a poll. A broker holds a JoinGroup
         until the group's members have joined (Tansu: half the session timeout), longer than a
@@ -789,31 +793,59 @@ class BatchConsumer:
         polls: the leader's assignment records the partitions that asked for it, the next poll
         finds nothing to rejoin for, and the member keeps the partitions it revoked, never
         fetched again (CI read nothing for 30 s). So while a join is needed or under way, wait
-        for it here, up to ``max_poll_interval_ms`` (the rebalance timeout the broker holds a
-        join for); a join dropped as in (2) is asked for again first. Nothing is done while the
-        coordinator is unknown (the poll looks for it), or with a client without these
-        (private) attributes.
+        for it here, in slices of at most :data:`JOIN_SLICE_MS` until :meth:`stop_waiting` or
+        :meth:`close`, up to ``max_poll_interval_ms`` (the rebalance timeout the broker holds a
+        join for) plus 5 s, as the Java client does; a join dropped as in (2) is asked for again
+        first. Nothing is done while the coordinator is unknown (the poll looks for it), or
+        with a client without these (private) attributes.
         """
-        coordinator = getattr(self._consumer, "_coordinator", None)
-        needed = getattr(coordinator, "need_rejoin", None)
-        if coordinator is None or not callable(needed):
+        coordinator: Any = getattr(self._consumer, "_coordinator", None)
+        if not all(
+            callable(getattr(coordinator, name, None))
+            for name in (
+                "need_rejoin",
+                "request_rejoin",
+                "ensure_active_group",
+                "coordinator_unknown",
+            )
+        ):
             return
         started = getattr(coordinator, "rejoining", False) is True
-        need = bool(needed())
-        if not (started or need) or coordinator.coordinator_unknown():
+        if not (started or coordinator.need_rejoin()) or coordinator.coordinator_unknown():
             return
-        if started and not need:
-            logger.warning(
-                "the Kafka client dropped the group join it had started for %s (the partitions "
-                "changed while the broker held it): joining again",
-                self.topic,
-            )
-            self.stats.dropped_joins += 1
+        if started and not coordinator.need_rejoin():
+            task = getattr(coordinator, "_join_task", None)
+            if task is None or getattr(task, "is_done", True):  # else the leader's join runs on
+                logger.warning(
+                    "the Kafka client dropped the group join it had started for %s (the "
+                    "partitions changed while the broker held it): joining again",
+                    self.topic,
+                )
+                self.stats.dropped_joins += 1
             coordinator.request_rejoin()
-        try:
-            coordinator.ensure_active_group(timeout_ms=self._join_timeout_ms)
-        except KafkaError as exc:
-            raise BrokerError(f"joining group {self.group_id!r} failed: {exc!r}") from exc
+        deadline = time.monotonic() + (self._join_timeout_ms + 5000) / 1000
+        while not (self._closed or self._stop_waiting.is_set()):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return
+            try:
+                if coordinator.ensure_active_group(timeout_ms=min(left_ms, JOIN_SLICE_MS)):
+                    return
+            except KafkaTimeoutError:  # kafka-python 2.x raises where 3.0 returns False
+                pass
+            except KafkaError as exc:
+                raise BrokerError(f"joining group {self.group_id!r} failed: {exc!r}") from exc
+            except RuntimeError as exc:  # the client's network loop closed under the call
+                if self._closed:
+                    raise BrokerError("the consumer is closed") from exc
+                raise
+            if coordinator.coordinator_unknown():
+                return  # the coordinator went away: the poll looks for it
+
+    def stop_waiting(self) -> None:
+        """Polls from now on wait for a group join no longer than their own timeout: the
+        consumer is being stopped (:meth:`close` follows)."""
+        self._stop_waiting.set()
 
     def _new_cluster(self) -> str | None:
         """The cluster id the brokers now answer with, when it is new: a cluster whose storage
@@ -903,22 +935,23 @@ class BatchConsumer:
         and a partition read again from the beginning by another member, which then commits
         exactly the noted offset (nothing new was written), is read again by the next owner.
         """
+        if self._trusted is not None:
+            # Before the targets are taken: a failure here leaves them to the next poll.
+            self._suspect = self._suspect_commits(self._trusted)
+            self._trusted = None  # the first rebalance after a new cluster is applied
         targets, self._reposition = self._reposition, set()
         if self.authenticator is not None:
             self.authenticator.rollback()  # what follows the last commit is delivered again
         owned = self._consumer.assignment()
-        if self._trusted is not None:
-            self._suspect = self._suspect_commits(self._trusted)
-            self._trusted = None  # the first rebalance after a new cluster is applied
         done: set[TopicPartition] = set()
         for tp in sorted(targets & owned):
             try:
-                offset = self._consumer.committed(tp)
+                offset = self._consumer.committed(tp, timeout_ms=self._join_timeout_ms)
             except KafkaError as exc:
                 logger.warning("cannot read the committed offset of %s: %r", tp, exc)
                 self._reposition.add(tp)  # try again at the next poll
                 continue
-            if tp in self._suspect and self._suspect[tp] in (offset, _UNREAD):
+            if tp in self._suspect and self._suspect[tp] == offset:
                 logger.info(
                     "%s[%d]: its committed offset %s was there when the cluster changed and "
                     "nobody has committed it since: starting it again from the %s",
@@ -942,19 +975,22 @@ class BatchConsumer:
 
     def _suspect_commits(self, trusted: set[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The committed offset of every partition of the topic this member has not committed
-        since the cluster changed (``_UNREAD`` where it cannot be read: suspect whatever it is
-        until someone commits the partition)."""
-        partitions = self._consumer.partitions_for_topic(self.topic) or set()
+        since the cluster changed. One that cannot be read is left out (logged): it is followed
+        as any commit would be."""
+        try:
+            partitions = self._consumer.partitions_for_topic(self.topic) or set()
+        except KafkaError as exc:
+            logger.warning("cannot list the partitions of %s: %r", self.topic, exc)
+            partitions = {tp.partition for tp in self._reposition if tp.topic == self.topic}
         suspect: dict[TopicPartition, int | None] = {}
         for number in sorted(partitions):
             tp = TopicPartition(self.topic, number)
             if tp in trusted:
                 continue
             try:
-                suspect[tp] = self._consumer.committed(tp)
+                suspect[tp] = self._consumer.committed(tp, timeout_ms=self._join_timeout_ms)
             except KafkaError as exc:
                 logger.warning("cannot read the committed offset of %s: %r", tp, exc)
-                suspect[tp] = _UNREAD
         return suspect
 
     @property

@@ -18,7 +18,7 @@ from collectors.sim.scenario import Scenario
 from minder.config import Settings
 from minder.core.alert import Alert
 from minder.service.stack import build_stack
-from minder.stream import BatchProducer
+from minder.stream import BatchProducer, ensure_topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -148,6 +148,8 @@ def test_replayed_stream_does_not_duplicate_stored_alerts(broker, tmp_path) -> N
     database_url = f"sqlite:///{tmp_path / 'replay.db'}"
     settings = _settings(broker.bootstrap, database_url)
     scenario = Scenario.model_validate({**SCENARIO, "faults": SCENARIO["faults"][:1]})
+    # Written before any service made it: Minder's clients never create a topic by asking.
+    ensure_topics(broker.bootstrap, {settings.kafka.metrics_topic: settings.kafka.partitions})
     with BatchProducer(
         broker.bootstrap, topic=settings.kafka.metrics_topic, signer=fleet_signer(settings)
     ) as producer:

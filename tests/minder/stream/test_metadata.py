@@ -75,6 +75,7 @@ def test_the_setting_given_is_the_one_the_requests_carry(broker) -> None:
         consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, **config)
         try:
             with_topic_creation(consumer, config)
-            assert consumer._cluster.config["allow_auto_create_topics"] is expected
+            request = consumer._cluster.metadata_request()  # what the next refresh sends
+            assert request.allow_auto_topic_creation is expected
         finally:
             close_client(consumer)
