@@ -811,9 +811,10 @@ class BatchConsumer:
         ):
             return
         started = getattr(coordinator, "rejoining", False) is True
-        if not (started or coordinator.need_rejoin()) or coordinator.coordinator_unknown():
+        need = coordinator.need_rejoin()
+        if not (started or need) or coordinator.coordinator_unknown():
             return
-        if started and not coordinator.need_rejoin():
+        if started and not need:
             task = getattr(coordinator, "_join_task", None)
             if task is None or getattr(task, "is_done", True):  # else the leader's join runs on
                 logger.warning(
@@ -935,10 +936,12 @@ class BatchConsumer:
         and a partition read again from the beginning by another member, which then commits
         exactly the noted offset (nothing new was written), is read again by the next owner.
         """
+        read: dict[TopicPartition, int | None] = {}  # committed offsets read just now
         if self._trusted is not None:
             # Before the targets are taken: a failure here leaves them to the next poll.
             self._suspect = self._suspect_commits(self._trusted)
             self._trusted = None  # the first rebalance after a new cluster is applied
+            read = dict(self._suspect)
         targets, self._reposition = self._reposition, set()
         if self.authenticator is not None:
             self.authenticator.rollback()  # what follows the last commit is delivered again
@@ -946,7 +949,11 @@ class BatchConsumer:
         done: set[TopicPartition] = set()
         for tp in sorted(targets & owned):
             try:
-                offset = self._consumer.committed(tp, timeout_ms=self._join_timeout_ms)
+                offset = (
+                    read[tp]
+                    if tp in read
+                    else self._consumer.committed(tp, timeout_ms=self._join_timeout_ms)
+                )
             except KafkaError as exc:
                 logger.warning("cannot read the committed offset of %s: %r", tp, exc)
                 self._reposition.add(tp)  # try again at the next poll
