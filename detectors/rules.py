@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from detectors.config import Cadence, DetectorConfig
+from detectors.config import METRIC_FLOORS, Cadence, DetectorConfig
 from detectors.findings import Finding
 from detectors.window import NEVER, JobWindow
 from minder.core.alert import AlertKind
@@ -68,6 +68,8 @@ def evaluate_rules(
     findings += count_findings(window, now, "rdma_link_downed_count", "nic", "link_downed")
     findings += port_down_findings(window, now)
     findings += lost_gpu_findings(window, now, config)
+    if with_peers:
+        findings += dark_link_findings(window, now)
     findings += repeated_error_findings(window, now, "gpu_nvlink_error_count", "nvlink", config)
     findings += repeated_error_findings(window, now, "rdma_symbol_error_count", "nic", config)
     if with_peers:
@@ -166,6 +168,128 @@ def port_down_findings(window: JobWindow, now: int) -> list[Finding]:
                 first_sec=first,
                 devices=(devices[c],),
                 evidence={"rule": "port_down", "value": 0.0, "peers_up": float(peer_up)},
+            )
+        )
+    return out
+
+
+DARK_METRICS: tuple[str, str] = ("rdma_tx_bytes_per_second", "rdma_rx_bytes_per_second")
+"""A port's two directions: dark when both carry nothing."""
+DARK_FLOOR = METRIC_FLOORS["rdma_tx_bytes_per_second"]
+"""At or below this a port carries nothing (an idle link's control traffic)."""
+CARRYING = 10.0
+"""A port carries traffic above this many floors (100 MB/s)."""
+DARK_S = 5.0
+DARK_SAMPLES = 3
+"""A port must be dark this long, and for this many samples at least."""
+WORKED_SHARE = 0.9
+"""Share of the job's machines whose ports all carried traffic before the port went dark (the
+job worked as one)."""
+STILL_SHARE = 0.5
+"""Share of the job's machines that must still carry traffic while the port is dark."""
+
+
+def _port_states(
+    window: JobWindow, now: int, ticks: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+    """``(dark, carrying, known, devices)`` over the last ``ticks`` ticks, each ``[tick,
+    machine, device]``: dark when every direction reported is at or below
+    :data:`DARK_FLOOR` (and one was reported), carrying when one is above :data:`CARRYING`
+    floors, known when one was reported."""
+    per_metric = [window.columns_of(metric) for metric in DARK_METRICS]
+    devices = sorted({d for _, names in per_metric for d in names})
+    if not devices:
+        return None
+    shape = (min(ticks, window.slots), window.n_machines, len(devices))
+    low = np.ones(shape, dtype=bool)
+    known = np.zeros(shape, dtype=bool)
+    carrying = np.zeros(shape, dtype=bool)
+    for cols, names in per_metric:
+        if cols.size == 0:
+            continue
+        values = window.window(now, ticks, cols)
+        where = [devices.index(d) for d in names]
+        present = np.isfinite(values)
+        filled = np.where(present, values, 0.0)
+        low[:, :, where] &= ~present | (filled <= DARK_FLOOR)
+        known[:, :, where] |= present
+        carrying[:, :, where] |= filled > CARRYING * DARK_FLOOR
+    return low & known, carrying, known, devices
+
+
+def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
+    """An RDMA port that carries nothing either way while the job's other machines carry
+    traffic, having carried it itself: a link that went down (a NIC, a cable, its leaf
+    switch), seen where the port state is not collected, or before it is.
+
+    A port of a synchronous job that worked as one (before it went dark, at every sample,
+    :data:`WORKED_SHARE` of the job's reporting machines carried traffic and had no dark
+    port) reads no bytes in either direction for :data:`DARK_S` (:data:`DARK_SAMPLES` samples
+    at least), while at least :data:`STILL_SHARE` of the job's reporting machines still carry
+    traffic at every one of those samples. A pause of the whole job (a checkpoint, data
+    loading, the end) takes every port down together and names nobody; a job whose machines
+    take turns (a serving fleet) never worked as one; more than half of the machines dark at
+    once is no link fault either. Findings are of the ``nic`` family, so the machines of one
+    domain that go dark together are one domain alert.
+    """
+    cols = np.concatenate([window.columns_of(metric)[0] for metric in DARK_METRICS])
+    if cols.size == 0:
+        return []
+    every = int(window.series_every[cols].max())
+    samples = max(DARK_SAMPLES, math.ceil(DARK_S / (every * window.tick_s) - 1e-9))
+    run = samples * every
+    states = _port_states(window, now, 2 * run)
+    if states is None:
+        return []
+    dark, carrying, known, devices = states
+    if dark.shape[0] < 2 * run:
+        return []
+    active = window.active()
+    reporting = known.any(axis=2) & active[None, :]  # [tick, machine]
+    n_reporting = reporting.sum(axis=1)
+    sampled = n_reporting * 2 >= int(active.sum())  # ticks at which the job's samples came
+    before, during = slice(0, run), slice(run, 2 * run)
+    if not (sampled[before].any() and sampled[during].any()):
+        return []
+    machine_carrying = carrying.any(axis=2) & reporting
+    whole = machine_carrying & ~dark.any(axis=2)
+    worked = whole.sum(axis=1) >= WORKED_SHARE * n_reporting
+    still = machine_carrying.sum(axis=1) >= STILL_SHARE * n_reporting
+    if not (worked[before][sampled[before]].all() and still[during][sampled[during]].all()):
+        return []
+    is_dark = (dark[during] | ~known[during]).all(axis=0) & (
+        known[during].sum(axis=0) >= samples - 1
+    )
+    was_carrying = (carrying[before].sum(axis=0) * 2 >= known[before].sum(axis=0)) & carrying[
+        before
+    ].any(axis=0)
+    hits = is_dark & was_carrying & active[:, None]
+    dark_machines = np.flatnonzero(hits.any(axis=1))
+    if dark_machines.size == 0 or dark_machines.size * 2 > int(active.sum()):
+        return []
+    oldest = window.tick_of(now) - dark.shape[0] + 1
+    shares = (
+        machine_carrying[during].sum(axis=1)[sampled[during]] / n_reporting[during][sampled[during]]
+    )
+    share = round(float(shares.min()), 3)
+    out = []
+    for m, d in np.argwhere(hits):
+        # It went dark after the last tick at which it carried traffic (one in ``before``).
+        start = oldest + int(np.flatnonzero(carrying[:, m, d])[-1]) + 1
+        out.append(
+            Finding(
+                machine=int(m),
+                kind=AlertKind.RULE,
+                family="nic",
+                metric=DARK_METRICS[0],
+                score=1.0,
+                first_sec=start * window.tick_s,
+                devices=(devices[d],),
+                evidence={
+                    "rule": "no_traffic",
+                    "dark_s": int(run * window.tick_s),
+                    "peers_carrying": share,
+                },
             )
         )
     return out

@@ -169,3 +169,77 @@ def test_an_application_xid_is_not_alerted_through_its_count(make_window) -> Non
     )
     make_window(machines=8, seconds=1, start=1005, window=window, seed=9)
     assert detector.evaluate(window, 1005) == []
+
+
+def _no_port_state(s):
+    """The agent collects no port state (no sysfs port counters): only throughputs."""
+    for key in [k for k in s if k[0] in ("rdma_port_up", "rdma_link_downed_count")]:
+        del s[key]
+    return s
+
+
+def _dark(s, dev):
+    s[("rdma_tx_bytes_per_second", dev)] = 0.0
+    s[("rdma_rx_bytes_per_second", dev)] = 0.0
+    return s
+
+
+def test_a_port_dark_both_ways_while_its_job_carries_traffic_is_named(run_stream) -> None:
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        return _dark(s, "mlx5_1") if m == 5 and sec >= 1030 else s
+
+    alerts = run_stream(machines=16, seconds=60, mutate=mutate)
+    assert len(alerts) == 1
+    a = alerts[0]
+    assert (a.machine, a.kind, a.devices) == ("m005", AlertKind.RULE, ("mlx5_1",))
+    assert a.evidence["rule"] == "no_traffic" and a.evidence["peers_carrying"] == 1.0
+    assert a.first_ts == 1030
+    assert a.detected_ts <= 1030 + 5 + DetectorConfig().settle_s
+
+
+def test_a_leaf_switch_whose_machines_are_their_own_group_is_one_domain_alert(
+    run_stream,
+) -> None:
+    # 32 machines on 4 leaf switches, declared as 4 groups that coincide with the switches:
+    # leaf-1's machines are all dark at once, so within their group nobody stands apart.
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        if 8 <= m < 16 and sec >= 1030:
+            _dark(s, "mlx5_0")
+            _dark(s, "mlx5_1")
+        return s
+
+    alerts = run_stream(machines=32, seconds=60, mutate=mutate, domains=4, groups=4)
+    assert [(a.machine, a.domain, a.kind) for a in alerts] == [
+        ("leaf-1", "leaf-1", AlertKind.RULE)
+    ]
+    assert alerts[0].evidence["domain_members"] == [f"m{m:03d}" for m in range(8, 16)]
+
+
+def test_a_pause_of_the_whole_job_names_no_dark_port(run_stream) -> None:
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        return _dark(_dark(s, "mlx5_0"), "mlx5_1") if 1030 <= sec < 1050 else s
+
+    alerts = run_stream(machines=16, seconds=60, mutate=mutate)
+    assert [a for a in alerts if a.evidence.get("rule") == "no_traffic"] == []
+
+
+def test_a_port_that_never_carried_traffic_is_not_named(run_stream) -> None:
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        return _dark(s, "mlx5_1") if m == 5 else s
+
+    alerts = run_stream(machines=16, seconds=60, mutate=mutate)
+    assert [a for a in alerts if a.evidence.get("rule") == "no_traffic"] == []
+
+
+def test_machines_that_take_turns_never_worked_as_one_and_name_no_dark_port(run_stream) -> None:
+    # A serving fleet: half the machines carry traffic at a time, taking turns every 10 s.
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        return _dark(_dark(s, "mlx5_0"), "mlx5_1") if (m + sec // 10) % 2 else s
+
+    alerts = run_stream(machines=16, seconds=80, mutate=mutate)
+    assert [a for a in alerts if a.evidence.get("rule") == "no_traffic"] == []
