@@ -211,9 +211,7 @@ def test_a_leaf_switch_whose_machines_are_their_own_group_is_one_domain_alert(
         return s
 
     alerts = run_stream(machines=32, seconds=60, mutate=mutate, domains=4, groups=4)
-    assert [(a.machine, a.domain, a.kind) for a in alerts] == [
-        ("leaf-1", "leaf-1", AlertKind.RULE)
-    ]
+    assert [(a.machine, a.domain, a.kind) for a in alerts] == [("leaf-1", "leaf-1", AlertKind.RULE)]
     assert alerts[0].evidence["domain_members"] == [f"m{m:03d}" for m in range(8, 16)]
 
 
