@@ -400,8 +400,9 @@ class MinderDetector:
                 continue
             factor = self._threshold_factor(metric)
             run, peak, total, ago = self.continuity.runs(metric, n, within)
-            enough = total >= self.config.threshold * factor * mild
             side, device_idx = self._run_sides[metric]
+            total = total + self._unseen_evidence(result.z[:n, j, :], device_idx[:n], ago)
+            enough = total >= self.config.threshold * factor * mild
             for m in np.flatnonzero(scored & (run >= lead) & enough).tolist():
                 col = int(bucket.columns[j, device_idx[m]])
                 device = window.series[col][1]
@@ -430,6 +431,23 @@ class MinderDetector:
         if len(chosen) > self.coherence.allowance(int(scored.sum())):
             return []
         return chosen
+
+    def _unseen_evidence(self, z: np.ndarray, device: np.ndarray, ago: np.ndarray) -> np.ndarray:
+        """What the samples of the last window would still add to a run's sum of |z| that goes
+        on up to the end (``ago`` 0), had the data gone on.
+
+        Each evaluation judges a window mean, so a sample counts in as many evaluations as
+        windows take it: ``window`` times over a long run, once per evaluation so far for the
+        last window's samples. For a steady deviation what they lack is the last window's |z|
+        times ``(window - 1) / 2``; for one still growing into its window, a little less than
+        that. At coarse sampling (a window of one sample) nothing is lacking.
+        """
+        extra = np.zeros(z.shape[0])
+        width = self.cadence.window
+        if width <= 1 or z.size == 0 or device.shape[0] < z.shape[0]:
+            return extra
+        last = np.abs(np.nan_to_num(np.take_along_axis(z, device[:, None], axis=1)[:, 0]))
+        return np.where(ago == 0, last * (width - 1) / 2.0, extra)
 
     # -- denoising --------------------------------------------------------------------------
     def denoiser_for(self, metric: str) -> MetricDenoiser:

@@ -239,3 +239,30 @@ def test_a_finished_run_is_kept_for_the_memory_and_a_flicker_does_not_hide_it() 
         tracker.update("m", np.asarray([1.0]))
     # Past the memory now; the flicker, smaller while the long run was kept, was not kept.
     assert tracker.runs("m", 1, within=5)[0].tolist() == [0]
+
+
+def _hung_gpu(samples_after: int, low: float, seed: int = 8) -> pd.DataFrame:
+    """One GPU of m05 draws ``low`` W from ONSET (a kernel hung: no progress, no tensor work)
+    while every peer keeps working at 600 W; the table ends ``samples_after`` samples later."""
+    rng = np.random.default_rng(seed)
+    shape = (ONSET + samples_after, 16, GPUS)
+    util = np.clip(0.97 + rng.normal(0, 0.01, shape), 0, 1)
+    power = 600 + rng.normal(0, 8, shape)
+    power[ONSET:, 5, 1] = low + rng.normal(0, 1, power[ONSET:, 5, 1].shape)
+    return cube_table((("gpu_util_ratio", util), ("gpu_power_watts", power)), 1, START)
+
+
+def test_a_hung_gpu_whose_job_ends_9_samples_later_is_named_at_1_s() -> None:
+    """A GPU at 240 W against its peers' 600 W (z 30 against the 2 % scale) for 9 samples, then
+    the data ends. At 1 s each evaluation judges an 8-sample window mean, so the z grows over
+    the first 8 samples (3.75, 7.5, ... 30): the run above the threshold holds a sum of 154,
+    short of the 180 a confirmation holds, because the samples of the last window have counted
+    in fewer evaluations than earlier ones. The end adds what they lack (the last |z| times
+    7 / 2) before it compares."""
+    assert _end_alerts(_hung_gpu(9, 240.0)) == [("m05", True)]
+
+
+def test_a_mild_dip_at_the_end_is_not_made_a_fault_by_the_last_window() -> None:
+    """A GPU at 504 W against 600 (z 8, above the threshold of 6) for the last 16 samples:
+    what the last window lacks (28) still leaves its run (79) far short of a confirmation."""
+    assert _end_alerts(_hung_gpu(16, 504.0)) == []
