@@ -236,6 +236,9 @@ def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
     if cols.size == 0:
         return []
     every = int(window.series_every[cols].max())
+    latest = window.window(now, every, cols)
+    if not (np.nan_to_num(latest, nan=np.inf) <= DARK_FLOOR).any():
+        return []  # no port reads dark now: the usual evaluation ends here
     samples = max(DARK_SAMPLES, math.ceil(DARK_S / (every * window.tick_s) - 1e-9))
     run = samples * every
     states = _port_states(window, now, 2 * run)
