@@ -401,7 +401,8 @@ class MinderDetector:
             factor = self._threshold_factor(metric)
             run, peak, total, ago = self.continuity.runs(metric, n, within)
             side, device_idx = self._run_sides[metric]
-            total = total + self._unseen_evidence(result.z[:n, j, :], device_idx[:n], ago)
+            if how == "apart_at_end":  # the data ended: its last window was cut short
+                total = total + self._unseen_evidence(result.z[:n, j, :], device_idx[:n], ago)
             enough = total >= self.config.threshold * factor * mild
             for m in np.flatnonzero(scored & (run >= lead) & enough).tolist():
                 col = int(bucket.columns[j, device_idx[m]])
@@ -440,7 +441,7 @@ class MinderDetector:
         windows take it: ``window`` times over a long run, once per evaluation so far for the
         last window's samples. For a steady deviation what they lack is the last window's |z|
         times ``(window - 1) / 2``; for one still growing into its window, a little less than
-        that. At coarse sampling (a window of one sample) nothing is lacking.
+        that (at 5 s, a window of three samples: the last |z|).
         """
         extra = np.zeros(z.shape[0])
         width = self.cadence.window

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from detectors.config import METRIC_FLOORS, Cadence, DetectorConfig
+from detectors.config import Cadence, DetectorConfig
 from detectors.findings import Finding
 from detectors.window import NEVER, JobWindow
 from minder.core.alert import AlertKind
@@ -174,65 +174,72 @@ def port_down_findings(window: JobWindow, now: int) -> list[Finding]:
 
 
 DARK_METRICS: tuple[str, str] = ("rdma_tx_bytes_per_second", "rdma_rx_bytes_per_second")
-"""A port's two directions: dark when both carry nothing."""
-DARK_FLOOR = METRIC_FLOORS["rdma_tx_bytes_per_second"]
-"""At or below this a port carries nothing (an idle link's control traffic)."""
+"""A port's two directions: dark when what it reports of them carries nothing."""
+DARK_FLOOR = 10e6
+"""At or below this many bytes a second a port carries nothing (an idle link's control
+traffic)."""
 CARRYING = 10.0
-"""A port carries traffic above this many floors (100 MB/s)."""
+"""A port carries traffic above this many :data:`DARK_FLOOR` (100 MB/s)."""
 DARK_S = 5.0
 DARK_SAMPLES = 3
 """A port must be dark this long, and for this many samples at least."""
-WORKED_SHARE = 0.9
-"""Share of the job's machines whose ports all carried traffic before the port went dark (the
-job worked as one)."""
+WORKED_S = 120.0
+WORKED_SAMPLES = 4
+"""How far back the job must have worked as one before a port went dark (at least this many
+samples at coarse sampling)."""
+ALIKE_SHARE = 0.9
+"""At every sample before the port went dark, this share of the job's reporting machines
+carried traffic on every port the job uses (working), or carried none (a pause of them all)."""
 STILL_SHARE = 0.5
-"""Share of the job's machines that must still carry traffic while the port is dark."""
+"""Share of the job's reporting machines that must still carry traffic while the port is dark."""
 
 
-def _port_states(
-    window: JobWindow, now: int, ticks: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
-    """``(dark, carrying, known, devices)`` over the last ``ticks`` ticks, each ``[tick,
-    machine, device]``: dark when every direction reported is at or below
-    :data:`DARK_FLOOR` (and one was reported), carrying when one is above :data:`CARRYING`
-    floors, known when one was reported."""
-    per_metric = [window.columns_of(metric) for metric in DARK_METRICS]
-    devices = sorted({d for _, names in per_metric for d in names})
-    if not devices:
-        return None
-    shape = (min(ticks, window.slots), window.n_machines, len(devices))
-    low = np.ones(shape, dtype=bool)
-    known = np.zeros(shape, dtype=bool)
-    carrying = np.zeros(shape, dtype=bool)
-    for cols, names in per_metric:
-        if cols.size == 0:
-            continue
-        values = window.window(now, ticks, cols)
-        where = [devices.index(d) for d in names]
-        present = np.isfinite(values)
-        filled = np.where(present, values, 0.0)
-        low[:, :, where] &= ~present | (filled <= DARK_FLOOR)
-        known[:, :, where] |= present
-        carrying[:, :, where] |= filled > CARRYING * DARK_FLOOR
-    return low & known, carrying, known, devices
+def _held(values: np.ndarray, every: int) -> np.ndarray:
+    """``values`` (``[tick, ...]``) with each sample held for the ``every - 1`` ticks after it,
+    where nothing newer came: series scraped every ``every`` ticks at their own offsets then
+    read at every tick."""
+    if every <= 1:
+        return values
+    out = values.copy()
+    for k in range(1, min(every, values.shape[0])):
+        out[k:] = np.where(np.isnan(out[k:]), values[:-k], out[k:])
+    return out
+
+
+def _port_values(
+    window: JobWindow, now: int, ticks: int, every: int, metric: str, devices: list[str]
+) -> np.ndarray:
+    """``[tick, machine, device]`` of ``metric`` over the last ``ticks`` ticks, each sample held
+    (:func:`_held`); NaN where a device does not report it."""
+    out = np.full((ticks, window.n_machines, len(devices)), np.nan)
+    cols, names = window.columns_of(metric)
+    keep = [i for i, name in enumerate(names) if name in devices]
+    if keep:
+        values = _held(window.window(now, ticks + every - 1, cols[keep]), every)[-ticks:]
+        where = [devices.index(names[i]) for i in keep]
+        out[-values.shape[0] :, :, where] = values
+    return out
 
 
 def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
-    """An RDMA port that carries nothing either way while the job's other machines carry
-    traffic, having carried it itself: a link that went down (a NIC, a cable, its leaf
-    switch), seen where the port state is not collected, or before it is.
+    """An RDMA port that carries nothing while its job's other machines carry traffic, having
+    carried it itself: a link that went down (a NIC, a cable, its leaf switch), where the port
+    state is not collected. Peer similarity cannot see a fault that takes a whole peer group (a
+    leaf switch whose machines are one declared group) and the port state is not everywhere.
 
-    A port of a synchronous job that worked as one (before it went dark, at every sample,
-    :data:`WORKED_SHARE` of the job's reporting machines carried traffic and had no dark
-    port) reads no bytes in either direction for :data:`DARK_S` (:data:`DARK_SAMPLES` samples
-    at least), while at least :data:`STILL_SHARE` of the job's reporting machines still carry
-    traffic at every one of those samples. A pause of the whole job (a checkpoint, data
-    loading, the end) takes every port down together and names nobody; a job whose machines
-    take turns (a serving fleet) never worked as one; more than half of the machines dark at
-    once is no link fault either. Findings are of the ``nic`` family, so the machines of one
-    domain that go dark together are one domain alert.
+    Named, as a ``nic`` finding: a port of a rail the job uses, dark (both directions it reports
+    at most :data:`DARK_FLOOR`) for :data:`DARK_S` (:data:`DARK_SAMPLES` samples at least),
+    while at every one of those samples :data:`STILL_SHARE` of the job's reporting machines
+    still carry traffic; before that, for :data:`WORKED_S`, the job worked as one (at every
+    sample :data:`ALIKE_SHARE` of its machines carried traffic on all its rails, or carried
+    none: a pause of them all), and the port carried traffic and never went dark while the
+    rest worked. Not named: a port whose state reads up (an idle port, not a lost link), a
+    machine every one of whose rails went dark alone (its process or host stopped: peer
+    similarity names it by its GPUs) unless machines of its ``domain`` went dark with it (a
+    switch), and anything when more than half of the job's machines went dark at once.
     """
-    cols = np.concatenate([window.columns_of(metric)[0] for metric in DARK_METRICS])
+    devices = sorted({d for m in DARK_METRICS for d in window.columns_of(m)[1]})
+    cols = np.concatenate([window.columns_of(m)[0] for m in DARK_METRICS])
     if cols.size == 0:
         return []
     every = int(window.series_every[cols].max())
@@ -241,43 +248,72 @@ def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
         return []  # no port reads dark now: the usual evaluation ends here
     samples = max(DARK_SAMPLES, math.ceil(DARK_S / (every * window.tick_s) - 1e-9))
     run = samples * every
-    states = _port_states(window, now, 2 * run)
-    if states is None:
+    worked = max(WORKED_SAMPLES * every, math.ceil(WORKED_S / window.tick_s - 1e-9))
+    ticks = min(run + worked, window.slots - every + 1)
+    if ticks < run + every:
         return []
-    dark, carrying, known, devices = states
-    if dark.shape[0] < 2 * run:
-        return []
+    low = np.ones((ticks, window.n_machines, len(devices)), dtype=bool)
+    known = np.zeros_like(low)
+    carrying = np.zeros_like(low)
+    for metric in DARK_METRICS:
+        values = _port_values(window, now, ticks, every, metric, devices)
+        present = np.isfinite(values)
+        filled = np.where(present, values, 0.0)
+        low &= ~present | (filled <= DARK_FLOOR)
+        known |= present
+        carrying |= filled > CARRYING * DARK_FLOOR
+    dark = low & known
     active = window.active()
+    n_active = int(active.sum())
     reporting = known.any(axis=2) & active[None, :]  # [tick, machine]
     n_reporting = reporting.sum(axis=1)
-    sampled = n_reporting * 2 >= int(active.sum())  # ticks at which the job's samples came
-    before, during = slice(0, run), slice(run, 2 * run)
-    if not (sampled[before].any() and sampled[during].any()):
+    sampled = (n_reporting * 2 >= n_active) & (n_reporting > 0)
+    before, during = slice(0, ticks - run), slice(ticks - run, ticks)
+    # The rails the job uses: ports that carried traffic before on at least half its machines.
+    rails = (carrying[before].any(axis=0) & active[:, None]).sum(axis=0) * 2 >= n_active
+    if not rails.any():
         return []
-    machine_carrying = carrying.any(axis=2) & reporting
-    whole = machine_carrying & ~dark.any(axis=2)
-    worked = whole.sum(axis=1) >= WORKED_SHARE * n_reporting
-    still = machine_carrying.sum(axis=1) >= STILL_SHARE * n_reporting
-    if not (worked[before][sampled[before]].all() and still[during][sampled[during]].all()):
+    on_rails = carrying[:, :, rails].any(axis=2) & reporting
+    whole = on_rails & ~dark[:, :, rails].any(axis=2)
+    working = whole.sum(axis=1) >= ALIKE_SHARE * n_reporting
+    paused = (reporting & ~on_rails).sum(axis=1) >= ALIKE_SHARE * n_reporting
+    went = sampled[before]
+    if (
+        went.sum() < ticks - run - every  # the job did not report through all of it
+        or not (working | paused)[before][went].all()
+        or working[before][went].sum() < samples
+    ):
+        return []  # the job did not work as one before, for as long as its window holds
+    still = on_rails.sum(axis=1) >= STILL_SHARE * n_reporting
+    now_sampled = sampled[during]
+    if not (now_sampled.any() and still[during][now_sampled].all()):
         return []
-    is_dark = (dark[during] | ~known[during]).all(axis=0) & (
-        known[during].sum(axis=0) >= samples - 1
+    is_dark = dark[during][now_sampled].all(axis=0)
+    worked_ticks = working[before] & went
+    was_carrying = carrying[before][worked_ticks].sum(axis=0) * 2 >= worked_ticks.sum()
+    never_dark = ~dark[before][worked_ticks].any(axis=0)
+    hits = is_dark & was_carrying & never_dark & rails[None, :] & active[:, None]
+    if window.columns_of("rdma_port_up")[0].size and hits.any():
+        up = _port_values(window, now, run, every, "rdma_port_up", devices)
+        hits &= ~(np.nan_to_num(up) >= 1).any(axis=0)  # reported up: an idle port, not a lost link
+    machines = np.flatnonzero(hits.any(axis=1))
+    if machines.size == 0 or machines.size * 2 > n_active:
+        return []
+    # A machine whose every rail went dark: its process or host stopped, unless machines of its
+    # domain went dark with it.
+    all_dark = [int(m) for m in machines if (hits[m] | ~rails).all()]
+    domains = [window.machines[m].domain for m in machines]
+    for m in all_dark:
+        domain = window.machines[m].domain
+        if not domain or domains.count(domain) < 2:
+            hits[m] = False
+    oldest = window.tick_of(now) - ticks + 1
+    share = float(
+        (on_rails.sum(axis=1)[during][now_sampled] / n_reporting[during][now_sampled]).min()
     )
-    was_carrying = (carrying[before].sum(axis=0) * 2 >= known[before].sum(axis=0)) & carrying[
-        before
-    ].any(axis=0)
-    hits = is_dark & was_carrying & active[:, None]
-    dark_machines = np.flatnonzero(hits.any(axis=1))
-    if dark_machines.size == 0 or dark_machines.size * 2 > int(active.sum()):
-        return []
-    oldest = window.tick_of(now) - dark.shape[0] + 1
-    shares = (
-        machine_carrying[during].sum(axis=1)[sampled[during]] / n_reporting[during][sampled[during]]
-    )
-    share = round(float(shares.min()), 3)
     out = []
     for m, d in np.argwhere(hits):
-        # It went dark after the last tick at which it carried traffic (one in ``before``).
+        # It went dark after the last tick at which it carried traffic.
         start = oldest + int(np.flatnonzero(carrying[:, m, d])[-1]) + 1
         out.append(
             Finding(
@@ -291,7 +327,7 @@ def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
                 evidence={
                     "rule": "no_traffic",
                     "dark_s": int(run * window.tick_s),
-                    "peers_carrying": share,
+                    "peers_carrying": round(share, 3),
                 },
             )
         )
