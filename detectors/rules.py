@@ -221,40 +221,16 @@ def _port_values(
     return out
 
 
-def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
-    """An RDMA port that carries nothing while its job's other machines carry traffic, having
-    carried it itself: a link that went down (a NIC, a cable, its leaf switch), where the port
-    state is not collected. Peer similarity cannot see a fault that takes a whole peer group (a
-    leaf switch whose machines are one declared group) and the port state is not everywhere.
-
-    Named, as a ``nic`` finding: a port of a rail the job uses, dark (both directions it reports
-    at most :data:`DARK_FLOOR`) for :data:`DARK_S` (:data:`DARK_SAMPLES` samples at least),
-    while at every one of those samples :data:`STILL_SHARE` of the job's reporting machines
-    still carry traffic; before that, for :data:`WORKED_S`, the job worked as one (at every
-    sample :data:`ALIKE_SHARE` of its machines carried traffic on all its rails, or carried
-    none: a pause of them all), and the port carried traffic and never went dark while the
-    rest worked. Not named: a port whose state reads up (an idle port, not a lost link), a
-    machine every one of whose rails went dark alone (its process or host stopped: peer
-    similarity names it by its GPUs) unless machines of its ``domain`` went dark with it (a
-    switch), and anything when more than half of the job's machines went dark at once.
-    """
-    devices = sorted({d for m in DARK_METRICS for d in window.columns_of(m)[1]})
-    cols = np.concatenate([window.columns_of(m)[0] for m in DARK_METRICS])
-    if cols.size == 0:
-        return []
-    every = int(window.series_every[cols].max())
-    latest = window.window(now, every, cols)
-    if not (np.nan_to_num(latest, nan=np.inf) <= DARK_FLOOR).any():
-        return []  # no port reads dark now: the usual evaluation ends here
-    samples = max(DARK_SAMPLES, math.ceil(DARK_S / (every * window.tick_s) - 1e-9))
-    run = samples * every
-    worked = max(WORKED_SAMPLES * every, math.ceil(WORKED_S / window.tick_s - 1e-9))
-    ticks = min(run + worked, window.slots - every + 1)
-    if ticks < run + every:
-        return []
-    low = np.ones((ticks, window.n_machines, len(devices)), dtype=bool)
-    known = np.zeros_like(low)
-    carrying = np.zeros_like(low)
+def _port_states(
+    window: JobWindow, now: int, ticks: int, every: int, devices: list[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dark, carrying, known)`` of every port over the last ``ticks`` ticks, each
+    ``[tick, machine, device]``: dark when every direction it reports is at most
+    :data:`DARK_FLOOR`, carrying when one is above :data:`CARRYING` floors."""
+    shape = (ticks, window.n_machines, len(devices))
+    low = np.ones(shape, dtype=bool)
+    known = np.zeros(shape, dtype=bool)
+    carrying = np.zeros(shape, dtype=bool)
     for metric in DARK_METRICS:
         values = _port_values(window, now, ticks, every, metric, devices)
         present = np.isfinite(values)
@@ -262,76 +238,121 @@ def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
         low &= ~present | (filled <= DARK_FLOOR)
         known |= present
         carrying |= filled > CARRYING * DARK_FLOOR
-    dark = low & known
+    return low & known, carrying, known
+
+
+def dark_link_findings(window: JobWindow, now: int) -> list[Finding]:
+    """An RDMA port that carries nothing while its job's other machines carry traffic, having
+    carried it itself: a link that went down (a NIC, a cable, its leaf switch), where the port
+    state is not collected. Peer similarity cannot see a fault that takes a whole peer group (a
+    leaf switch whose machines are one declared group) and the port state is not everywhere.
+
+    Named, as a ``nic`` finding: a port of a rail the job uses, dark (both directions it reports
+    at most :data:`DARK_FLOOR`) for :data:`DARK_S` at least (:data:`DARK_SAMPLES` samples),
+    while at every one of the last of those samples :data:`STILL_SHARE` of the job's reporting
+    machines still carry traffic; before it went dark, for :data:`WORKED_S` or as far back as
+    the window goes, the job reported throughout and its other machines worked as one (at every
+    sample :data:`ALIKE_SHARE` of them carried traffic on all its rails, or carried none: a
+    pause of them all), and the port carried traffic and never went dark while they worked. It
+    is named from the moment the dark stretch is long enough for as long as the window still
+    holds history from before it. Not named: a port whose state reads up (an idle port, not a
+    lost link), a machine every one of whose rails went dark alone (its process or host
+    stopped: peer similarity names it by its GPUs) unless machines of its ``domain`` went dark
+    with it (a switch), and anything when more than half of the job's machines are dark.
+    """
+    devices = sorted({d for m in DARK_METRICS for d in window.columns_of(m)[1]})
+    cols = np.concatenate([window.columns_of(m)[0] for m in DARK_METRICS])
+    if cols.size == 0:
+        return []
+    every = int(window.series_every[cols].max())
     active = window.active()
     n_active = int(active.sum())
+    dark, carrying, _ = _port_states(window, now, every, every, devices)
+    used_now = (carrying[-1] & active[:, None]).sum(axis=0) * 2 >= n_active
+    if not (dark[-1] & used_now[None, :]).any():
+        return []  # no port of a rail in use reads dark now: the usual evaluation ends here
+    samples = max(DARK_SAMPLES, math.ceil(DARK_S / (every * window.tick_s) - 1e-9))
+    run = samples * every
+    worked = max(WORKED_SAMPLES * every, math.ceil(WORKED_S / window.tick_s - 1e-9))
+    ticks = min(run + worked, window.slots - every + 1)
+    if ticks < run + every:
+        return []
+    dark, carrying, known = _port_states(window, now, ticks, every, devices)
     reporting = known.any(axis=2) & active[None, :]  # [tick, machine]
     n_reporting = reporting.sum(axis=1)
     sampled = (n_reporting * 2 >= n_active) & (n_reporting > 0)
-    before, during = slice(0, ticks - run), slice(ticks - run, ticks)
-    # The rails the job uses: ports that carried traffic before on at least half its machines.
-    rails = (carrying[before].any(axis=0) & active[:, None]).sum(axis=0) * 2 >= n_active
-    if not rails.any():
+    # The rails the job uses: ports that carried traffic on at least half of its machines.
+    rails = (carrying.any(axis=0) & active[:, None]).sum(axis=0) * 2 >= n_active
+    # Each port's current dark stretch: from the tick after its last sampled reading of more.
+    lit = known & ~dark & sampled[:, None, None]
+    ever_lit = lit.any(axis=0)
+    start = np.where(ever_lit, ticks - np.argmax(lit[::-1], axis=0), 0)  # first dark tick
+    during = slice(ticks - run, ticks)
+    dark_now = (dark[during] & sampled[during, None, None]).sum(axis=0) >= run - every
+    candidates = ever_lit & (ticks - start >= run) & dark_now & rails[None, :] & active[:, None]
+    if not candidates.any():
         return []
+    suspects = candidates.any(axis=1)
+    if int(suspects.sum()) * 2 > n_active:
+        return []  # more than half of the job: no link fault takes that many
+    # The job before: its other machines worked as one (or paused as one) at every sample.
+    others = reporting & ~suspects[None, :]
+    n_others = others.sum(axis=1)
     on_rails = carrying[:, :, rails].any(axis=2) & reporting
     whole = on_rails & ~dark[:, :, rails].any(axis=2)
-    working = whole.sum(axis=1) >= ALIKE_SHARE * n_reporting
-    paused = (reporting & ~on_rails).sum(axis=1) >= ALIKE_SHARE * n_reporting
-    went = sampled[before]
+    working = (whole & others).sum(axis=1) >= ALIKE_SHARE * n_others
+    paused = (others & ~on_rails).sum(axis=1) >= ALIKE_SHARE * n_others
+    first = int(start[candidates].min())
+    went = sampled[:first]
     if (
-        went.sum() < ticks - run - every  # the job did not report through all of it
-        or not (working | paused)[before][went].all()
-        or working[before][went].sum() < samples
+        first < every  # nothing from before it went dark
+        or went.sum() < first - every  # the job did not report through all of it
+        or not (working | paused)[:first][went].all()
+        or working[:first][went].sum() < samples
     ):
-        return []  # the job did not work as one before, for as long as its window holds
+        return []  # the job did not work as one before, for as long as the window holds
     still = on_rails.sum(axis=1) >= STILL_SHARE * n_reporting
-    now_sampled = sampled[during]
-    if not (now_sampled.any() and still[during][now_sampled].all()):
-        return []
-    is_dark = dark[during][now_sampled].all(axis=0)
-    worked_ticks = working[before] & went
-    was_carrying = carrying[before][worked_ticks].sum(axis=0) * 2 >= worked_ticks.sum()
-    never_dark = ~dark[before][worked_ticks].any(axis=0)
-    hits = is_dark & was_carrying & never_dark & rails[None, :] & active[:, None]
+    if not still[during][sampled[during]].all():
+        return []  # the rest of the job barely moves traffic: a stall, not a lost link
+    # The port, before its stretch: it carried traffic and never went dark while the job worked.
+    prior = np.arange(ticks)[:, None, None] < start[None, :, :]
+    worked_prior = prior & (working & sampled)[:, None, None]
+    n_prior = worked_prior.sum(axis=0)
+    was_carrying = ((carrying & worked_prior).sum(axis=0) * 2 >= n_prior) & (n_prior >= samples)
+    never_dark = ~(dark & worked_prior).any(axis=0)
+    hits = candidates & was_carrying & never_dark
     if window.columns_of("rdma_port_up")[0].size and hits.any():
         up = _port_values(window, now, run, every, "rdma_port_up", devices)
         hits &= ~(np.nan_to_num(up) >= 1).any(axis=0)  # reported up: an idle port, not a lost link
     machines = np.flatnonzero(hits.any(axis=1))
-    if machines.size == 0 or machines.size * 2 > n_active:
-        return []
     # A machine whose every rail went dark: its process or host stopped, unless machines of its
     # domain went dark with it.
-    all_dark = [int(m) for m in machines if (hits[m] | ~rails).all()]
     domains = [window.machines[m].domain for m in machines]
-    for m in all_dark:
+    for m in machines:
         domain = window.machines[m].domain
-        if not domain or domains.count(domain) < 2:
+        if (hits[m] | ~rails).all() and (not domain or domains.count(domain) < 2):
             hits[m] = False
     oldest = window.tick_of(now) - ticks + 1
     share = float(
-        (on_rails.sum(axis=1)[during][now_sampled] / n_reporting[during][now_sampled]).min()
+        (on_rails.sum(axis=1) / np.maximum(n_reporting, 1))[during][sampled[during]].min()
     )
-    out = []
-    for m, d in np.argwhere(hits):
-        # It went dark after the last tick at which it carried traffic.
-        start = oldest + int(np.flatnonzero(carrying[:, m, d])[-1]) + 1
-        out.append(
-            Finding(
-                machine=int(m),
-                kind=AlertKind.RULE,
-                family="nic",
-                metric=DARK_METRICS[0],
-                score=1.0,
-                first_sec=start * window.tick_s,
-                devices=(devices[d],),
-                evidence={
-                    "rule": "no_traffic",
-                    "dark_s": int(run * window.tick_s),
-                    "peers_carrying": round(share, 3),
-                },
-            )
+    return [
+        Finding(
+            machine=int(m),
+            kind=AlertKind.RULE,
+            family="nic",
+            metric=DARK_METRICS[0],
+            score=1.0,
+            first_sec=(oldest + int(start[m, d])) * window.tick_s,
+            devices=(devices[d],),
+            evidence={
+                "rule": "no_traffic",
+                "dark_s": int((ticks - int(start[m, d])) * window.tick_s),
+                "peers_carrying": round(share, 3),
+            },
         )
-    return out
+        for m, d in np.argwhere(hits)
+    ]
 
 
 def lost_gpu_findings(window: JobWindow, now: int, config: DetectorConfig) -> list[Finding]:

@@ -306,11 +306,14 @@ def test_a_machine_whose_every_port_went_dark_alone_is_left_to_its_gpus(run_stre
 
 
 def test_more_than_half_of_the_machines_going_dark_at_once_is_no_link_fault(run_stream) -> None:
-    # 9 of 16 machines stop using mlx5_1 at once, their mlx5_0 carrying on (a job that moved
-    # its traffic): no link fault takes more than half of a job.
+    # 9 of 16 machines stop using one of their two rails at once (5 mlx5_0, 4 mlx5_1), the
+    # other carrying on (a job that moved its traffic): no link fault takes more than half of
+    # a job, and each rail is still used by most machines.
     def mutate(m, sec, s):
         _no_port_state(s)
-        return _dark(s, "mlx5_1") if m < 9 and sec >= ONSET else s
+        if m < 9 and sec >= ONSET:
+            _dark(s, "mlx5_0" if m < 5 else "mlx5_1")
+        return s
 
     assert _no_traffic(run_stream(machines=16, seconds=100, mutate=mutate, domains=4)) == []
 
@@ -372,3 +375,45 @@ def test_a_port_that_went_dark_and_came_back_while_the_job_worked_is_its_own_pat
         return s
 
     assert _no_traffic(run_stream(machines=16, seconds=100, mutate=mutate)) == []
+
+
+def test_a_job_three_of_whose_machines_idled_in_its_history_did_not_work_as_one(
+    run_stream,
+) -> None:
+    # Three of 16 machines moved no traffic for the job's first 40 s (spares it held): within
+    # the history before m005's port went dark, the job's machines did not all work alike, so
+    # a dark port says nothing.
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        if m >= 13 and sec < 1040:
+            _dark(_dark(s, "mlx5_0"), "mlx5_1")
+        return _dark(s, "mlx5_1") if m == 5 and sec >= ONSET else s
+
+    assert _no_traffic(run_stream(machines=16, seconds=100, mutate=mutate, domains=4)) == []
+
+
+def test_a_port_that_only_ever_moved_a_trickle_is_not_named_when_it_stops(run_stream) -> None:
+    # m005's mlx5_1 moved 50 MB/s (a management rail there), never the job's traffic.
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        if m == 5:
+            s[("rdma_tx_bytes_per_second", "mlx5_1")] = 0.0 if sec >= ONSET else 5e7
+        return s
+
+    assert _no_traffic(run_stream(machines=16, seconds=100, mutate=mutate)) == []
+
+
+def test_a_dark_port_waits_until_the_rest_of_the_job_carries_traffic_again(run_stream) -> None:
+    # m005's mlx5_1 goes dark as every other port drops to 50 MB/s for 10 s (the job's
+    # collectives stall); once the others carry traffic again for 5 s, it is named.
+    def mutate(m, sec, s):
+        _no_port_state(s)
+        if ONSET <= sec < ONSET + 10:
+            for dev in ("mlx5_0", "mlx5_1"):
+                s[("rdma_tx_bytes_per_second", dev)] = 5e7
+        return _dark(s, "mlx5_1") if m == 5 and sec >= ONSET else s
+
+    named = _no_traffic(run_stream(machines=16, seconds=110, mutate=mutate))
+    assert [(a.machine, a.devices) for a in named] == [("m005", ("mlx5_1",))]
+    assert named[0].first_ts == ONSET
+    assert named[0].detected_ts >= ONSET + 10 + 4
