@@ -13,30 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_standing import _named, _table
 
-from detectors.config import CONGESTION_COUNTERS, METRIC_REL_FLOORS, NETWORK_THROUGHPUTS
+from detectors.config import CONGESTION_COUNTERS, METRIC_REL_FLOORS
 
 T, N, ONSET, LASTS = 240, 32, 60, 60
 
 
-def _pauses(
-    seed: int,
-    ratio: float,
-    level: float = 1.0,
-    *,
-    alternate: bool = False,
-    base: float = 100.0,
-    noise: float = 0.05,
-) -> np.ndarray:
-    """Ports near ``level`` x ``base`` (100/s) with ``noise`` (5 %) each, moving together by one
-    common factor: a slow random walk, or (``alternate``) 1x and 4x on alternate samples (the
-    step's phases read at a fixed phase); port 7 at ``ratio`` times its peers for ``LASTS``
-    samples from ``ONSET``."""
+def _pauses(seed: int, ratio: float, level: float = 1.0, *, alternate: bool = False) -> np.ndarray:
+    """Ports near ``level`` x 100/s with 5 % noise each, moving together by one common factor:
+    a slow random walk, or (``alternate``) 1x and 4x on alternate samples (the step's phases
+    read at a fixed phase); port 7 at ``ratio`` times its peers for ``LASTS`` samples from
+    ``ONSET``."""
     rng = np.random.default_rng(seed)
     if alternate:
         common = np.where(np.arange(T) % 2 == 0, 1.0, 4.0)
     else:
         common = np.exp(np.cumsum(rng.normal(0.0, 0.05, T)))
-    cube = base * common[:, None] * np.exp(rng.normal(0.0, noise, size=(T, N)))
+    cube = 100.0 * common[:, None] * np.exp(rng.normal(0.0, 0.05, size=(T, N)))
     cube[ONSET : ONSET + LASTS, 7] *= ratio
     return cube * level
 
@@ -44,7 +36,7 @@ def _pauses(
 def test_every_congestion_counter_takes_the_ratio_floor() -> None:
     assert set(METRIC_REL_FLOORS) >= CONGESTION_COUNTERS
     assert all(METRIC_REL_FLOORS[m] == 1.5 for m in CONGESTION_COUNTERS)
-    assert METRIC_REL_FLOORS["rdma_tx_bytes_per_second"] < 1.5
+    assert "rdma_tx_bytes_per_second" not in METRIC_REL_FLOORS
 
 
 @pytest.mark.parametrize("metric", sorted(CONGESTION_COUNTERS))
@@ -82,27 +74,3 @@ def test_named_by_ratio_whatever_the_level(
     table = _table(_pauses(seed, ratio, level), "pfc_tx_pause_per_second", interval_s, "mlx5_0")
     expected = {"m007"} if ratio >= 12.0 else set()
     assert _named(table) == expected
-
-
-def _tight(seed: int, ratio: float, alternate: bool) -> np.ndarray:
-    """Ports near 10 GB/s with 1 % noise each (far tighter than a routed network keeps them),
-    as :func:`_pauses` builds them."""
-    return _pauses(seed, ratio, alternate=alternate, base=1e10, noise=0.01)
-
-
-@pytest.mark.parametrize("metric", sorted(NETWORK_THROUGHPUTS))
-@pytest.mark.parametrize("interval_s", [1, 60])
-def test_a_port_moving_a_fifth_less_than_its_peers_for_a_while_is_no_fault(
-    metric: str, interval_s: int
-) -> None:
-    """Routing and congestion move healthy ports' rates by 10-20 % (scale >= 5 % of the level);
-    with peers 1 % apart, a 2 % scale would have named it at z 10."""
-    assert _named(_table(_tight(3, 0.8, False), metric, interval_s, "mlx5_0")) == set()
-
-
-@pytest.mark.parametrize("metric", sorted(NETWORK_THROUGHPUTS))
-@pytest.mark.parametrize("interval_s", [1, 60])
-def test_a_port_at_half_its_peers_rate_is_named(metric: str, interval_s: int) -> None:
-    """A link trained at half speed (z 10 against the 5 % floor), also under 4x phase swings."""
-    assert _named(_table(_tight(4, 0.5, False), metric, interval_s, "mlx5_0")) == {"m007"}
-    assert _named(_table(_tight(4, 0.5, True), metric, interval_s, "mlx5_0")) == {"m007"}
