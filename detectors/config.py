@@ -89,9 +89,40 @@ CONGESTION_COUNTERS: frozenset[str] = frozenset(
 """Counters of congestion events on a NIC's port (pause frames, congestion notifications, time
 waiting to send)."""
 
-METRIC_REL_FLOORS: dict[str, float] = dict.fromkeys(CONGESTION_COUNTERS, 1.5)
+NETWORK_THROUGHPUTS: frozenset[str] = frozenset(
+    {
+        "rdma_tx_bytes_per_second",
+        "rdma_rx_bytes_per_second",
+        "net_tx_bytes_per_second",
+        "net_rx_bytes_per_second",
+    }
+)
+"""Throughputs of a machine's ports on the routed scale-out network (RDMA and host NICs)."""
+
+NETWORK_REL_FLOOR = 0.05
+"""The smallest scale of a :data:`NETWORK_THROUGHPUTS` metric as a fraction of its peers'
+median (docs/detection-method.md §10). What one port of a synchronous job moves over a
+scrape interval depends on the path its flows took: adaptive routing and ECMP put some flows
+on busier links, and the congestion they meet comes and goes over minutes, so healthy ports
+differ by 10-20 % at one instant, and wander. A port that lost a fifth of its peers' rate for
+a while is that; a link fault takes far more (a port down carries nothing, a link trained at
+half speed carries half). With this floor, a port must carry about 30 % less than its peers
+to be an outlier at the default threshold of 6, and one that lost half of their rate is a
+severe deviation (:data:`SEVERE_LOSS`)."""
+
+SEVERE_LOSS = 0.5
+"""On a work metric judged with a relative floor (:data:`NETWORK_THROUGHPUTS`), a machine that
+lost at least this share of its peers' level is a severe deviation, however high the floor puts
+the severe level in z: with a 5 % floor a port carrying nothing scores only 20 against the
+severe 24, and a port at a tenth of its peers would wait for the mild continuity."""
+
+METRIC_REL_FLOORS: dict[str, float] = {
+    **dict.fromkeys(CONGESTION_COUNTERS, 1.5),
+    **dict.fromkeys(NETWORK_THROUGHPUTS, NETWORK_REL_FLOOR),
+}
 """The smallest scale of a metric as a fraction of its peers' median, where it is larger than
-:attr:`DetectorConfig.rel_floor` (docs/detection-method.md §10). Congestion counters differ
+:attr:`DetectorConfig.rel_floor` (docs/detection-method.md §10): network throughputs take
+:data:`NETWORK_REL_FLOOR`, congestion counters one and a half. Congestion counters differ
 between healthy ports of one job by a factor, not by a margin: how often a port pauses or is
 notified depends on where it sits in the fabric (its switch, its rail, the incast its traffic
 meets, the ECMP hash that put it on a busy path), and that difference wanders over minutes, with

@@ -96,16 +96,16 @@ class ContinuityTracker:
         self,
         metric: str,
         score: np.ndarray,
-        scale: float = 1.0,
+        scale: float | np.ndarray = 1.0,
         lengths: tuple[int, ...] | None = None,
     ) -> Confirmed:
         """Advance ``metric`` by one evaluation with each machine's |z| ``score`` (NaN = not
         scored).
 
         ``scale`` multiplies every level (a metric the priority model trusts less needs a
-        larger deviation); ``lengths`` replaces the levels' run lengths for this metric (one
-        sampled more coarsely than the job needs longer runs). A missing score breaks the run:
-        continuity means seen deviating.
+        larger deviation), or each level by its own factor (one per level); ``lengths`` replaces
+        the levels' run lengths for this metric (one sampled more coarsely than the job needs
+        longer runs). A missing score breaks the run: continuity means seen deviating.
         """
         n = score.shape[0]
         runs, peaks, sums = self._state(metric, n)

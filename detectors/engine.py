@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from detectors.coherence import CoherenceState, PeerCoherence
-from detectors.config import ABOVE_WITH_WORK_BELOW, Cadence, DetectorConfig
+from detectors.config import (
+    ABOVE_WITH_WORK_BELOW,
+    FAULT_BELOW_ONLY,
+    METRIC_REL_FLOORS,
+    SEVERE_LOSS,
+    Cadence,
+    DetectorConfig,
+)
 from detectors.continuity import ContinuityTracker, Severity
 from detectors.denoisers import Denoiser, denoiser_class
 from detectors.episodes import DOMAIN_FAMILIES, Episodes, merge_devices
@@ -735,7 +742,9 @@ class MinderDetector:
             if every > 1:
                 own = cadence_for(cfg, every * self.cadence.interval_s)
                 lengths = (every * own.continuity, every * own.severe_continuity)
-            confirmed = self.continuity.update(metric, top[:, j], factor, lengths)
+            confirmed = self.continuity.update(
+                metric, top[:, j], self._level_factors(metric, factor), lengths
+            )
             mild = self.continuity.severities[0].seconds if lengths is None else lengths[0]
             self._last_blocks[metric] = (bucket, result, j, mild)
             self._note_sides(metric, result.z[:, j, :], top[:, j], device_idx[:, j], factor)
@@ -852,6 +861,18 @@ class MinderDetector:
                 }
             )
         return out
+
+    def _level_factors(self, metric: str, factor: float) -> float | np.ndarray:
+        """What multiplies the continuity levels of ``metric``: ``factor``, and for the severe
+        level of a work metric with a relative floor no more than puts a machine that lost
+        :data:`~detectors.config.SEVERE_LOSS` of its peers' level at it (the floor's z never
+        reaches 4 x the threshold otherwise)."""
+        rel = METRIC_REL_FLOORS.get(metric, 0.0)
+        if rel <= self.config.rel_floor or metric not in FAULT_BELOW_ONLY:
+            return factor
+        severe = self.config.severe_level[0] * factor
+        reachable = SEVERE_LOSS / rel
+        return np.array([factor, factor * min(1.0, reachable / severe)])
 
     def _threshold_factor(self, metric: str) -> float:
         if not self.prioritise or self.priority.trusts(metric):
