@@ -18,17 +18,25 @@ from detectors.config import CONGESTION_COUNTERS, METRIC_REL_FLOORS, NETWORK_THR
 T, N, ONSET, LASTS = 240, 32, 60, 60
 
 
-def _pauses(seed: int, ratio: float, level: float = 1.0, *, alternate: bool = False) -> np.ndarray:
-    """Ports near ``level`` x 100/s with 5 % noise each, moving together by one common factor:
-    a slow random walk, or (``alternate``) 1x and 4x on alternate samples (the step's phases
-    read at a fixed phase); port 7 at ``ratio`` times its peers for ``LASTS`` samples from
-    ``ONSET``."""
+def _pauses(
+    seed: int,
+    ratio: float,
+    level: float = 1.0,
+    *,
+    alternate: bool = False,
+    base: float = 100.0,
+    noise: float = 0.05,
+) -> np.ndarray:
+    """Ports near ``level`` x ``base`` (100/s) with ``noise`` (5 %) each, moving together by one
+    common factor: a slow random walk, or (``alternate``) 1x and 4x on alternate samples (the
+    step's phases read at a fixed phase); port 7 at ``ratio`` times its peers for ``LASTS``
+    samples from ``ONSET``."""
     rng = np.random.default_rng(seed)
     if alternate:
         common = np.where(np.arange(T) % 2 == 0, 1.0, 4.0)
     else:
         common = np.exp(np.cumsum(rng.normal(0.0, 0.05, T)))
-    cube = 100.0 * common[:, None] * np.exp(rng.normal(0.0, 0.05, size=(T, N)))
+    cube = base * common[:, None] * np.exp(rng.normal(0.0, noise, size=(T, N)))
     cube[ONSET : ONSET + LASTS, 7] *= ratio
     return cube * level
 
@@ -78,16 +86,8 @@ def test_named_by_ratio_whatever_the_level(
 
 def _tight(seed: int, ratio: float, alternate: bool) -> np.ndarray:
     """Ports near 10 GB/s with 1 % noise each (far tighter than a routed network keeps them),
-    moving together as :func:`_pauses` does; port 7 at ``ratio`` times its peers for ``LASTS``
-    samples from ``ONSET``."""
-    rng = np.random.default_rng(seed)
-    if alternate:
-        common = np.where(np.arange(T) % 2 == 0, 1.0, 4.0)
-    else:
-        common = np.exp(np.cumsum(rng.normal(0.0, 0.05, T)))
-    cube = 1e10 * common[:, None] * np.exp(rng.normal(0.0, 0.01, size=(T, N)))
-    cube[ONSET : ONSET + LASTS, 7] *= ratio
-    return cube
+    as :func:`_pauses` builds them."""
+    return _pauses(seed, ratio, alternate=alternate, base=1e10, noise=0.01)
 
 
 @pytest.mark.parametrize("metric", sorted(NETWORK_THROUGHPUTS))
