@@ -59,7 +59,7 @@ from detectors.scoring import (
     score_layout,
 )
 from detectors.standing import StandingOffsets
-from detectors.window import JobWindow
+from detectors.window import JobWindow, hold_forward
 from minder.core.alert import Alert, AlertKind
 from minder.core.errors import ModelError
 
@@ -682,15 +682,9 @@ class MinderDetector:
         length = values.shape[0]
         every = window.series_every[cols]
         out = values.copy()
-        ticks = np.arange(length)[:, None, None]
         for step in np.unique(every[every > 1]).tolist():
             sel = np.flatnonzero(every == step)
-            part = out[:, :, sel]
-            seen = np.where(np.isfinite(part), ticks, -1)
-            latest = np.maximum.accumulate(seen, axis=0)
-            held = np.take_along_axis(part, np.clip(latest, 0, None), axis=0)
-            keep = (latest >= 0) & (ticks - latest < step)
-            out[:, :, sel] = np.where(keep, held, np.nan)
+            out[:, :, sel] = hold_forward(out[:, :, sel], step)
         spans = np.asarray(
             [self._metric_window(window.series[c][0]) for c in cols.tolist()], dtype=np.int64
         )

@@ -17,7 +17,7 @@ import numpy as np
 
 from detectors.config import Cadence, DetectorConfig
 from detectors.findings import Finding
-from detectors.window import NEVER, JobWindow
+from detectors.window import NEVER, JobWindow, hold_forward
 from minder.core.alert import AlertKind
 from minder.core.metrics import DeviceFamily
 from minder.core.records import EventKind
@@ -194,28 +194,17 @@ STILL_SHARE = 0.5
 """Share of the job's reporting machines that must still carry traffic while the port is dark."""
 
 
-def _held(values: np.ndarray, every: int) -> np.ndarray:
-    """``values`` (``[tick, ...]``) with each sample held for the ``every - 1`` ticks after it,
-    where nothing newer came: series scraped every ``every`` ticks at their own offsets then
-    read at every tick."""
-    if every <= 1:
-        return values
-    out = values.copy()
-    for k in range(1, min(every, values.shape[0])):
-        out[k:] = np.where(np.isnan(out[k:]), values[:-k], out[k:])
-    return out
-
-
 def _port_values(
     window: JobWindow, now: int, ticks: int, every: int, metric: str, devices: list[str]
 ) -> np.ndarray:
     """``[tick, machine, device]`` of ``metric`` over the last ``ticks`` ticks, each sample held
-    (:func:`_held`); NaN where a device does not report it."""
+    for the ``every - 1`` ticks after it (:func:`~detectors.window.hold_forward`: series scraped
+    every ``every`` ticks at their own offsets); NaN where a device does not report it."""
     out = np.full((ticks, window.n_machines, len(devices)), np.nan)
     cols, names = window.columns_of(metric)
     keep = [i for i, name in enumerate(names) if name in devices]
     if keep:
-        values = _held(window.window(now, ticks + every - 1, cols[keep]), every)[-ticks:]
+        values = hold_forward(window.window(now, ticks + every - 1, cols[keep]), every)[-ticks:]
         where = [devices.index(names[i]) for i in keep]
         out[-values.shape[0] :, :, where] = values
     return out

@@ -836,6 +836,19 @@ _MAX_RUNS = 16
 """Runs of consecutive series above which :meth:`JobWindow.window` gathers with one index."""
 
 
+def hold_forward(values: np.ndarray, step: int) -> np.ndarray:
+    """``values`` (``[tick, ...]``) with each sample held for the ``step - 1`` ticks after it
+    where nothing newer came, NaN beyond: a series sampled every ``step`` ticks (at its own
+    offset) read at every tick."""
+    if step <= 1:
+        return values
+    ticks = np.arange(values.shape[0]).reshape((-1,) + (1,) * (values.ndim - 1))
+    seen = np.where(np.isfinite(values), ticks, -1)
+    latest = np.maximum.accumulate(seen, axis=0)
+    held = np.take_along_axis(values, np.clip(latest, 0, None), axis=0)
+    return np.where((latest >= 0) & (ticks - latest < step), held, np.nan)
+
+
 def _runs(cols: np.ndarray | None, k: int) -> list[tuple[int, int, int]] | None:
     """``cols`` (every series: ``None``) as runs of consecutive indices ``(lo, hi, at)``: series
     ``lo:hi`` go to ``at:at + hi - lo`` of the output; ``None`` for more than ``_MAX_RUNS``."""
