@@ -57,6 +57,10 @@ OWNER_ENV = "MINDER_EMBEDDED_BROKER_PARENT"
 whose parent is no longer that process was left behind, and may be killed."""
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _REAP_TIMEOUT_S = 5.0
+_EXITING_GRACE_S = 3.0
+"""How long a port held by no process one can see is waited on before the start fails: a
+multi-threaded process that is exiting (its main thread already a zombie) still holds its sockets
+while its other threads finish, and no ``/proc/<pid>/fd`` shows them."""
 
 
 def resolve_tansu_binary() -> str:
@@ -467,9 +471,17 @@ class EmbeddedBroker:
         wait for the port, else raise naming the holder."""
         where = f"{self._host}:{self._port}"
         holders = port_holders(self.port)
+        deadline = time.monotonic() + _EXITING_GRACE_S
+        while not holders and time.monotonic() < deadline:
+            time.sleep(0.05)
+            if _port_is_free(self._host, self.port):
+                logger.info("port %s was freed by a process that was exiting", where)
+                return
+            holders = port_holders(self.port)
         if not holders:
             raise BrokerError(
-                f"port {where} is in use by another process (pid unknown): stop it or choose "
+                f"port {where} is in use by another process (pid unknown, still after "
+                f"{_EXITING_GRACE_S:g} s): stop it or choose "
                 "another port (0 picks a free one)"
             )
         for pid in holders:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,45 @@ def test_a_port_held_by_another_program_is_refused_naming_its_pid() -> None:
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_port_whose_holder_is_exiting_is_waited_on_and_then_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A multi-threaded process whose main thread is already a zombie still holds its sockets
+    while its other threads exit, and no /proc/<pid>/fd shows them: the start waits for the port
+    instead of failing (CI once saw exactly this right after a broker was SIGKILL-ed)."""
+    monkeypatch.setattr("minder.stream.broker.port_holders", lambda port: [])
+    held = _listener()
+    port = held.getsockname()[1]
+    freeing = threading.Timer(0.5, held.close)
+    freeing.start()
+    try:
+        with EmbeddedBroker(port=port, ready_timeout_s=20) as broker:
+            assert broker.is_running and _accepts_tcp(port)
+    finally:
+        freeing.cancel()
+        held.close()
+
+
+def test_a_port_held_by_a_process_no_one_can_see_is_refused_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("minder.stream.broker.port_holders", lambda port: [])
+    with _listener() as held:
+        port = held.getsockname()[1]
+        began = time.monotonic()
+        with pytest.raises(BrokerError, match=r"in use by another process \(pid unknown, still "):
+            EmbeddedBroker(port=port).start()
+        assert time.monotonic() - began >= 2.5  # it waited for the grace before refusing
+        assert _accepts_tcp(port)  # never touched
 
 
 def test_the_broker_of_a_living_minder_is_never_reaped() -> None:
