@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,11 +46,17 @@ def test_a_small_run_names_the_injected_culprits(tmp_path: Path) -> None:
     dumps = sorted(tmp_path.iterdir())
     assert len(dumps) == 127 and report["dump_bytes_per_rank"] > 1000
     assert report["read_s"] > 0 and report["peak_rss_mb"] > 0
+    # the unpickle floor ran twice in the same invocation, and the ratio is read against it
+    assert len(report["floor_runs_s"]) == 2 and all(f > 0 for f in report["floor_runs_s"])
+    # (both rounded to ms in the report: the ratio of the rounded figures is close, not equal)
+    ratio = report["read_s"] / report["floor_s"]
+    assert report["read_over_floor"] == pytest.approx(ratio, rel=0.1, abs=0.05)
 
 
 def test_table_output_and_bad_sizes() -> None:
     done = _run("--ranks", "64", "--entries", "16", "--workers", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "correct           yes" in done.stdout
+    assert "unpickle floor" in done.stdout and "x it)" in done.stdout
     bad = _run("--ranks", "100")
     assert bad.returncode == 2 and "expected a multiple of 64" in bad.stderr

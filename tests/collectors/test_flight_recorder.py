@@ -661,6 +661,18 @@ def test_bench_dumps_summarise_as_the_full_walk() -> None:
         assert any(g.entries for g in got.groups)
 
 
+def test_a_dump_many_times_the_read_buffer_loads_as_pickle_loads_it(tmp_path: Path) -> None:
+    """The restricted unpickler takes the bytes through a buffered reader in chunks: a dump
+    spanning many of them loads to exactly what the plain unpickler gives."""
+    dump = _bench().make_dump(5, 128, 2000, 4)
+    data = pickle.dumps(dump, protocol=2)
+    assert len(data) > 4 * fr._PICKLE_BUFFER
+    assert fr.parse_dump(data) == pickle.loads(data)
+    path = tmp_path / "nccl_trace_rank_5"
+    path.write_bytes(data)
+    assert fr.load_dump(path) == pickle.loads(data)
+
+
 @pytest.mark.parametrize("case", ["two_groups", "skip"])
 def test_real_hang_dumps_summarise_as_the_full_walk(real_hang_dumps: Any, case: str) -> None:
     ran = real_hang_dumps[case]
