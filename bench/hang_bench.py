@@ -2,7 +2,7 @@
 4,096-rank job (targets: < 5 s and < 1 GB; docs/hangs.md).
 
 Run: ``python bench/hang_bench.py [--ranks 4096 --entries 2000 --frames 4] [--workers N]
-[--dir DIR] [--format table|json]``.
+[--dir DIR] [--per-dump N] [--format table|json]``.
 
 It writes one pickle dump per rank (as ``torch._C._distributed_c10d._dump_fr_trace()`` does:
 ``version``, ``pg_config`` with ranks strings, ``pg_status`` keyed by the rank-local pg_id,
@@ -10,6 +10,13 @@ It writes one pickle dump per rank (as ``torch._C._distributed_c10d._dump_fr_tra
 pickler memoizes them) into a temporary directory, then reads the directory in a fresh child
 process (``read_dump_dir`` + ``analyze``: what ``minder hang analyze DIR`` does) and reports
 its wall time and the peak RSS of the child and of its pool workers.
+
+The machine it runs on may be shared and its speed drift by 2-3x, so the same invocation also
+measures the *unpickle floor*: the same pool, same chunks, reads and ``pickle.loads`` every
+dump and frees it (no restriction, no summary, no result), once before the reader and once
+after, each in a fresh process. ``read_over_floor`` is the reader's time over their mean.
+``--per-dump N`` adds, on one core, the ways of reading N dumps (the restricted unpickler with
+a 1 MiB buffer, ``load_dump``, a pool worker's whole task) as ratios to ``pickle.loads``.
 
 The job: a world group, tensor-parallel groups of 8 consecutive ranks, pipeline groups of
 ranks ``r, r + world/pp, ...`` (point-to-point sends) and expert-parallel groups of 8 strided
@@ -24,6 +31,7 @@ bench exits 1 unless exactly the three faulty ranks are named, with the right re
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -222,10 +230,13 @@ def expected(world: int) -> dict[int, str]:
 def measure(directory: Path, workers: int) -> dict[str, Any]:
     """In this (fresh) process: read + summarise + analyse ``directory``."""
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    started = time.perf_counter()
+    began = time.perf_counter()
     from collectors.flight_recorder import read_dump_dir  # noqa: PLC0415
     from detectors.hangs import analyze  # noqa: PLC0415
 
+    # the floor's clock starts after its imports too: read_s compares with it
+    import_s = time.perf_counter() - began
+    started = time.perf_counter()
     summaries = read_dump_dir(directory, PREFIX, workers=workers)
     read_s = time.perf_counter() - started
     t = time.perf_counter()
@@ -234,7 +245,8 @@ def measure(directory: Path, workers: int) -> dict[str, Any]:
     return {
         "read_s": read_s,
         "analyse_s": analyse_s,
-        "total_s": time.perf_counter() - started,
+        "import_s": import_s,
+        "total_s": time.perf_counter() - began,
         "summaries": len(summaries),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_at_start_mb": base_rss,
@@ -256,8 +268,6 @@ def measure_floor(directory: Path, workers: int) -> dict[str, Any]:
     and unpickle every dump with ``pickle.loads`` and free it, with no restriction, no
     summary and no result. The figures are then read as ratios to it: the machine is shared
     and its speed varies by 2-3x from hour to hour."""
-    import gc  # noqa: PLC0415
-
     from collectors.flight_recorder import PARALLEL_FROM  # noqa: PLC0415
 
     paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))
@@ -274,7 +284,52 @@ def measure_floor(directory: Path, workers: int) -> dict[str, Any]:
     return {"floor_s": time.perf_counter() - started, "dumps": len(paths)}
 
 
-def _child(directory: Path, workers: int, mode: str) -> dict[str, Any] | None:
+def measure_per_dump(directory: Path, count: int) -> dict[str, Any]:
+    """In this (fresh) process, on one core: each way of reading ``count`` distinct dumps, as a
+    ratio to ``pickle.loads`` of the same bytes. The ways take turns 20 dumps at a time (the
+    order reversed every other turn), so that the machine's drift falls on all alike; every
+    dump's bytes are read afresh (the page cache warm), as the reader does."""
+    import io  # noqa: PLC0415
+
+    from collectors import flight_recorder as fr  # noqa: PLC0415
+
+    def loads(path: str) -> None:
+        _unpickle_only(path)
+
+    def buffer_1_mib(path: str) -> None:
+        """The restricted unpickler through a 1 MiB buffered reader (the reader before
+        2026-11-30)."""
+        with open(path, "rb") as f:
+            data = f.read()
+        fr.RestrictedUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
+
+    def load_dump(path: str) -> None:
+        fr.load_dump(path)
+
+    def worker_task(path: str) -> None:
+        """What a pool worker does per dump: load, summarise, pack, pickle the result."""
+        pickle.dumps(fr._read_packed((path, PREFIX)))
+
+    ways = (loads, buffer_1_mib, load_dump, worker_task)
+    paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))[:count]
+    spent = dict.fromkeys((w.__name__ for w in ways), 0.0)
+    gc.disable()
+    for turn, first in enumerate(range(0, len(paths), 20)):
+        chunk = paths[first : first + 20]
+        for way in ways if turn % 2 else ways[::-1]:
+            t = time.perf_counter()
+            for path in chunk:
+                way(path)
+            spent[way.__name__] += time.perf_counter() - t
+    n = max(1, len(paths))
+    return {
+        "dumps": len(paths),
+        "per_dump_ms": {k: round(v / n * 1e3, 3) for k, v in spent.items()},
+        "over_loads": {k: round(v / spent["loads"], 3) for k, v in spent.items()},
+    }
+
+
+def _child(directory: Path, workers: int, mode: str, *options: str) -> dict[str, Any] | None:
     child = subprocess.run(
         [
             sys.executable,
@@ -283,6 +338,7 @@ def _child(directory: Path, workers: int, mode: str) -> dict[str, Any] | None:
             str(directory),
             "--workers",
             str(workers),
+            *options,
         ],
         capture_output=True,
         text=True,
@@ -304,8 +360,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="write the dumps here (kept)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--per-dump",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare ways of reading N dumps on one core, as ratios to pickle.loads",
+    )
     parser.add_argument("--measure-floor", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-per-dump", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure_per_dump is not None:
+        print(json.dumps(measure_per_dump(args.measure_per_dump, args.per_dump)))
+        return 0
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.workers)))
         return 0
@@ -337,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 floors.append(out["floor_s"])
         assert result is not None
+        per_dump = None
+        if args.per_dump > 0:
+            per_dump = _child(directory, 1, "--measure-per-dump", "--per-dump", str(args.per_dump))
+            if per_dump is None:
+                return 2
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
@@ -357,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         "floor_s": round(sum(floors) / len(floors), 3),
         "floor_runs_s": [round(f, 3) for f in floors],
         "read_over_floor": round(result["read_s"] / (sum(floors) / len(floors)), 3),
+        "import_s": round(result["import_s"], 3),
+        "per_dump": per_dump,
         "peak_rss_mb": round(result["peak_rss_mb"], 1),
         "worker_peak_rss_mb": round(result["worker_peak_rss_mb"], 1),
         "target_s": TARGET_S,
@@ -378,6 +452,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"summarise = {report['read_over_floor']:.2f}x it)",
             ),
             ("analyse", f"{report['analyse_s']:.3f} s"),
+            *(
+                [
+                    (
+                        "per dump, 1 core",
+                        ", ".join(f"{k} {v:.2f}x" for k, v in per_dump["over_loads"].items())
+                        + f" pickle.loads ({per_dump['dumps']} dumps)",
+                    )
+                ]
+                if per_dump
+                else []
+            ),
             ("total", f"{report['total_s']:.2f} s (target < {TARGET_S:.0f} s)"),
             (
                 "peak RSS",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import queue
@@ -95,13 +96,26 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def _port_is_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now: False when something holds it (EADDRINUSE).
+
+    Raises
+    ------
+    BrokerError
+        It cannot be bound for another reason (a privileged port, an address that is not
+        local): waiting or reaping would not help.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # Same option Tansu's listener uses, so a port in TIME_WAIT after a stop counts as free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise BrokerError(
+                f"cannot listen on {host[:64]}:{port} ({exc.strerror or exc}): expected a local "
+                "address and a port this user may bind"
+            ) from None
         return True
 
 
@@ -215,6 +229,19 @@ def _command_line(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process ``pid`` is gone or exiting: a zombie, or its memory already released
+    (an empty command line; the kernel releases a process's memory before its open files, so
+    an exiting process can still hold a listening socket for a moment)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+    state = stat[stat.rindex(b")") + 2 :].split()[0]
+    return state in (b"Z", b"X", b"x") or not _command_line(pid)
 
 
 def _left_behind_broker(pid: int) -> int | None:
@@ -470,20 +497,29 @@ class EmbeddedBroker:
         """The port is taken: kill the holder if it is a broker a dead Minder left behind and
         wait for the port, else raise naming the holder."""
         where = f"{self._host}:{self._port}"
-        holders = port_holders(self.port)
-        deadline = time.monotonic() + _EXITING_GRACE_S
-        while not holders and time.monotonic() < deadline:
+        began = time.monotonic()
+        while True:
+            holders = port_holders(self.port)
+            living = [pid for pid in holders if not _exiting(pid)]
+            if living or time.monotonic() - began >= _EXITING_GRACE_S:
+                break
+            # No holder, or only exiting ones: an exiting process releases its sockets last
             time.sleep(0.05)
             if _port_is_free(self._host, self.port):
-                logger.info("port %s was freed by a process that was exiting", where)
+                logger.info(
+                    "port %s was freed %.2f s after it was found taken by %s",
+                    where,
+                    time.monotonic() - began,
+                    f"exiting process {holders}" if holders else "no process one can see",
+                )
                 return
-            holders = port_holders(self.port)
-        if not holders:
+        if not living:
+            who = f"pid {', '.join(map(str, holders))}, exiting" if holders else "pid unknown"
             raise BrokerError(
-                f"port {where} is in use by another process (pid unknown, still after "
-                f"{_EXITING_GRACE_S:g} s): stop it or choose "
-                "another port (0 picks a free one)"
+                f"port {where} is in use by another process ({who}; still after "
+                f"{_EXITING_GRACE_S:g} s): stop it or choose another port (0 picks a free one)"
             )
+        holders = living
         for pid in holders:
             owner = _left_behind_broker(pid)
             if owner is None:

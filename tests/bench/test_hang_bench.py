@@ -58,5 +58,19 @@ def test_table_output_and_bad_sizes() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "correct           yes" in done.stdout
     assert "unpickle floor" in done.stdout and "x it)" in done.stdout
+
+
+def test_per_dump_ratios_cover_every_way_over_the_same_dumps(tmp_path: Path) -> None:
+    done = _run(
+        "--ranks", "64", "--entries", "200", "--workers", "1", "--per-dump", "30",
+        "--dir", str(tmp_path), "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    per_dump = json.loads(done.stdout)["per_dump"]
+    assert per_dump["dumps"] == 30
+    ways = {"loads", "buffer_1_mib", "load_dump", "worker_task"}
+    assert set(per_dump["over_loads"]) == set(per_dump["per_dump_ms"]) == ways
+    assert per_dump["over_loads"]["loads"] == 1.0
+    assert all(ms > 0 for ms in per_dump["per_dump_ms"].values())
     bad = _run("--ranks", "100")
     assert bad.returncode == 2 and "expected a multiple of 64" in bad.stderr

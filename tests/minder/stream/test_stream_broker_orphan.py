@@ -11,15 +11,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import minder.stream.broker as broker_module
 from minder.core.errors import BrokerError
 from minder.stream import EmbeddedBroker, free_port
 
@@ -154,36 +154,105 @@ def _listener() -> socket.socket:
     return sock
 
 
-def test_a_port_whose_holder_is_exiting_is_waited_on_and_then_used(
-    monkeypatch: pytest.MonkeyPatch,
+def _closed_on_call(
+    held: socket.socket, call: int, answer: list[int]
+) -> Callable[[int], list[int]]:
+    """A ``port_holders`` that answers ``answer`` and closes ``held`` at its ``call``-th call:
+    the holder finishes exiting while the start waits."""
+    calls = 0
+
+    def holders(port: int) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            held.close()
+        return answer
+
+    return holders
+
+
+def test_a_port_no_process_shows_a_holder_of_is_waited_on_and_then_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A multi-threaded process whose main thread is already a zombie still holds its sockets
     while its other threads exit, and no /proc/<pid>/fd shows them: the start waits for the port
     instead of failing (CI once saw exactly this right after a broker was SIGKILL-ed)."""
-    monkeypatch.setattr("minder.stream.broker.port_holders", lambda port: [])
     held = _listener()
     port = held.getsockname()[1]
-    freeing = threading.Timer(0.5, held.close)
-    freeing.start()
+    monkeypatch.setattr("minder.stream.broker.port_holders", _closed_on_call(held, 3, []))
+    with (
+        caplog.at_level(logging.INFO, logger="minder.stream.broker"),
+        EmbeddedBroker(port=port, ready_timeout_s=20) as broker,
+    ):
+        assert broker.is_running and _accepts_tcp(port)
+    assert any(
+        f"port 127.0.0.1:{port} was freed" in r.getMessage()
+        and "no process one can see" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+
+
+def test_a_port_whose_visible_holder_is_exiting_is_waited_on_and_then_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exiting process whose memory is already released (its command line and environment
+    read empty) still shows its socket: it is waited on too, not refused as a stranger."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    _wait_dead(zombie.pid, 10.0)  # exited, not reaped: a zombie
     try:
-        with EmbeddedBroker(port=port, ready_timeout_s=20) as broker:
-            assert broker.is_running and _accepts_tcp(port)
+        held = _listener()
+        port = held.getsockname()[1]
+        monkeypatch.setattr(
+            "minder.stream.broker.port_holders", _closed_on_call(held, 3, [zombie.pid])
+        )
+        with (
+            caplog.at_level(logging.INFO, logger="minder.stream.broker"),
+            EmbeddedBroker(port=port, ready_timeout_s=20) as broker,
+        ):
+            assert broker.is_running
+        assert any(f"exiting process [{zombie.pid}]" in r.getMessage() for r in caplog.records), [
+            r.getMessage() for r in caplog.records
+        ]
     finally:
-        freeing.cancel()
-        held.close()
+        zombie.wait(10)
+
+
+def test_a_zombie_or_a_process_without_memory_is_exiting_and_a_living_one_is_not() -> None:
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    _wait_dead(zombie.pid, 10.0)
+    try:
+        assert broker_module._exiting(zombie.pid)
+    finally:
+        zombie.wait(10)
+    assert broker_module._exiting(zombie.pid)  # reaped: gone
+    assert not broker_module._exiting(os.getpid())
 
 
 def test_a_port_held_by_a_process_no_one_can_see_is_refused_after_the_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A holder that neither shows itself nor lets go is refused once the grace has passed,
+    and left alone."""
     monkeypatch.setattr("minder.stream.broker.port_holders", lambda port: [])
+    monkeypatch.setattr(broker_module, "_EXITING_GRACE_S", 0.3)
     with _listener() as held:
         port = held.getsockname()[1]
         began = time.monotonic()
-        with pytest.raises(BrokerError, match=r"in use by another process \(pid unknown, still "):
+        with pytest.raises(
+            BrokerError, match=r"in use by another process \(pid unknown; still after 0.3 s\)"
+        ):
             EmbeddedBroker(port=port).start()
-        assert time.monotonic() - began >= 2.5  # it waited for the grace before refusing
+        assert time.monotonic() - began >= broker_module._EXITING_GRACE_S  # it waited first
         assert _accepts_tcp(port)  # never touched
+
+
+def test_a_port_that_cannot_be_bound_for_another_reason_is_named_at_once() -> None:
+    """A privileged port (this user may not bind it) or an address that is not local is no
+    holder to wait for: one line naming the address and why, at once."""
+    began = time.monotonic()
+    with pytest.raises(BrokerError, match=r"cannot listen on 192\.0\.2\.1:\d+ \(.*\): expected"):
+        EmbeddedBroker(host="192.0.2.1", port=free_port()).start()
+    assert time.monotonic() - began < 1.0  # no wait for a holder
 
 
 def test_the_broker_of_a_living_minder_is_never_reaped() -> None:
