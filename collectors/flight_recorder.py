@@ -188,7 +188,8 @@ def parse_dump(data: bytes, where: str = "dump") -> dict[str, Any]:
             # Through a buffered reader: the unpickler then takes the bytes in large chunks
             # (its peek); from a bare BytesIO it reads opcode by opcode, 4-5x slower on the
             # recorder's protocol-2 pickles, which have no frames. 64 KiB is as fast as
-            # pickle.loads; a 1 MiB buffer cost 1.2x (a fresh mapping for every dump).
+            # pickle.loads; a 1 MiB buffer cost 1.2-1.3x on dumps read afresh (measured by
+            # bench/hang_bench.py --per-dump).
             stream = io.BufferedReader(io.BytesIO(data), buffer_size=_PICKLE_BUFFER)
             loaded = RestrictedUnpickler(stream).load()
         except DumpError as exc:
