@@ -501,10 +501,19 @@ def test_real_healthy_set_passes(tmp_path: Path) -> None:
     assert m["round1.group0.ranks"] == "0,1" and m["round1.group1.ranks"] == "2,3"
 
 
+SLOWED = "sleep"
+"""How the real tests slow a rank 3x: its matmul once, then a sleep of twice the matmul's time.
+Here 3-8 ranks share this host's 2 cores, so extra work (``work`` mode) also slows the healthy
+ranks it competes with; on a shared, slow host (2026-11-30) the 3x rank then measured 1.5-2.2x
+its peers and two tests failed. A slow device on a real node (a throttled GPU, a slow link)
+takes no CPU from its peers on other nodes: the sleep keeps the rank 3x its own measured
+compute whatever the contention."""
+
+
 @real
 @needs_torch
 def test_real_slowed_suspect_fails_in_both_rounds(tmp_path: Path) -> None:
-    run = run_ranks(5, tmp_path, suspect=3, slow=3, factor=3, timeout_s=60)
+    run = run_ranks(5, tmp_path, suspect=3, slow=3, factor=3, mode=SLOWED, timeout_s=60)
     result = same_everywhere(run, 5)
     assert result["status"] == "fail", (result["summary"], run.log)
     summary = result["summary"]
@@ -520,7 +529,7 @@ def test_real_slowed_suspect_fails_in_both_rounds(tmp_path: Path) -> None:
 @real
 @needs_torch
 def test_real_slowed_partner_is_named_and_does_not_fail_the_suspect(tmp_path: Path) -> None:
-    run = run_ranks(4, tmp_path, suspect=0, slow=3, factor=3, timeout_s=60)
+    run = run_ranks(4, tmp_path, suspect=0, slow=3, factor=3, mode=SLOWED, timeout_s=60)
     result = same_everywhere(run, 4)
     assert result["status"] == "pass", (result["summary"], run.log)
     assert result["summary"].endswith("; partner n3 slow"), result["summary"]
@@ -530,7 +539,7 @@ def test_real_slowed_partner_is_named_and_does_not_fail_the_suspect(tmp_path: Pa
 @real
 @needs_torch
 def test_real_three_nodes_find_the_slow_suspect_by_its_pairs(tmp_path: Path) -> None:
-    run = run_ranks(3, tmp_path, suspect=1, slow=1, factor=3, timeout_s=60)
+    run = run_ranks(3, tmp_path, suspect=1, slow=1, factor=3, mode=SLOWED, timeout_s=60)
     result = same_everywhere(run, 3)
     assert result["status"] == "fail", (result["summary"], run.log)
     assert result["summary"].startswith(
@@ -589,7 +598,7 @@ def test_real_50_healthy_checks_pass_and_10_slowed_partners_are_named(tmp_path: 
         world = 4 + i % 5
         suspect = (i * 2) % world
         partner = slowed_partner(world, suspect)
-        slowed.append(CheckSpec(world, suspect=suspect, slow=partner, factor=3))
+        slowed.append(CheckSpec(world, suspect=suspect, slow=partner, factor=3, mode=SLOWED))
     checks = healthy + slowed
     runs = run_checks(checks, tmp_path, timeout_s=20, options=QUICK)
     lines = []
