@@ -268,12 +268,12 @@ def measure_floor(directory: Path, workers: int) -> dict[str, Any]:
     and unpickle every dump with ``pickle.loads`` and free it, with no restriction, no
     summary and no result. The figures are then read as ratios to it: the machine is shared
     and its speed varies by 2-3x from hour to hour."""
-    from collectors.flight_recorder import PARALLEL_FROM  # noqa: PLC0415
+    from collectors.flight_recorder import PARALLEL_FROM, pool_chunksize  # noqa: PLC0415
 
     paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))
     started = time.perf_counter()
     if workers > 1 and len(paths) >= PARALLEL_FROM:
-        chunk = max(1, min(32, len(paths) // (4 * workers)))
+        chunk = pool_chunksize(len(paths), workers)
         with ProcessPoolExecutor(max_workers=workers, initializer=gc.disable) as pool:
             for _ in pool.map(_unpickle_only, paths, chunksize=chunk):
                 pass
@@ -404,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 floors.append(out["floor_s"])
         assert result is not None
+        floor_s = sum(floors) / len(floors)
         per_dump = None
         if args.per_dump > 0:
             per_dump = _child(directory, 1, "--measure-per-dump", "--per-dump", str(args.per_dump))
@@ -426,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         "read_s": round(result["read_s"], 3),
         "analyse_s": round(result["analyse_s"], 3),
         "total_s": round(result["total_s"], 3),
-        "floor_s": round(sum(floors) / len(floors), 3),
+        "floor_s": round(floor_s, 3),
         "floor_runs_s": [round(f, 3) for f in floors],
-        "read_over_floor": round(result["read_s"] / (sum(floors) / len(floors)), 3),
+        "read_over_floor": round(result["read_s"] / floor_s, 3),
         "import_s": round(result["import_s"], 3),
         "per_dump": per_dump,
         "peak_rss_mb": round(result["peak_rss_mb"], 1),

@@ -758,6 +758,12 @@ def _world(summary: RankSummary) -> tuple[tuple[int, int, int], ...] | None:
     return None
 
 
+def pool_chunksize(dumps: int, workers: int) -> int:
+    """Dumps per task when ``workers`` processes read ``dumps``: chunks of a few dozen, so few
+    round trips, and no worker left with a long chunk while the others are done."""
+    return max(1, min(32, dumps // (4 * workers)))
+
+
 def read_dump_dir(
     directory: str | os.PathLike[str],
     prefix: str | None = None,
@@ -816,10 +822,8 @@ def read_dump_dir(
     if n > 1 and len(jobs) >= PARALLEL_FROM:
         from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415 - only when used
 
-        # Chunks of a few dozen dumps: few round trips, and no worker left with a long chunk
-        # while the others are done.
-        chunk = max(1, min(32, len(jobs) // (4 * n)))
         with ProcessPoolExecutor(max_workers=n) as pool:
+            chunk = pool_chunksize(len(jobs), n)
             summaries = [_unpack(v) for v in pool.map(_read_packed, jobs, chunksize=chunk)]
     else:
         summaries = [_read_one(job) for job in jobs]

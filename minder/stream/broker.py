@@ -59,9 +59,10 @@ whose parent is no longer that process was left behind, and may be killed."""
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _REAP_TIMEOUT_S = 5.0
 _EXITING_GRACE_S = 3.0
-"""How long a port held by no process one can see is waited on before the start fails: a
-multi-threaded process that is exiting (its main thread already a zombie) still holds its sockets
-while its other threads finish, and no ``/proc/<pid>/fd`` shows them."""
+"""How long a port held only by exiting processes (:func:`_exiting`), or by none one can see, is
+waited on before the start fails: a multi-threaded process whose main thread is already a zombie
+still holds its sockets while its other threads finish, and no ``/proc/<pid>/fd`` shows them; a
+process whose memory is released still shows them, with an empty command line."""
 
 
 def resolve_tansu_binary() -> str:
@@ -231,17 +232,23 @@ def _command_line(pid: int) -> list[str]:
     return [part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part]
 
 
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the command name (``state``, ``ppid``, ...); None when it
+    cannot be read (the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def _exiting(pid: int) -> bool:
     """Whether process ``pid`` is gone or exiting: a zombie, or its memory already released
     (an empty command line; the kernel releases a process's memory before its open files, so
     an exiting process can still hold a listening socket for a moment)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return True
-    # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
-    state = stat[stat.rindex(b")") + 2 :].split()[0]
-    return state in (b"Z", b"X", b"x") or not _command_line(pid)
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in (b"Z", b"X", b"x") or not _command_line(pid)
 
 
 def _left_behind_broker(pid: int) -> int | None:
@@ -250,17 +257,17 @@ def _left_behind_broker(pid: int) -> int | None:
     died and the broker was re-parented); else ``None``: not ours, or its Minder lives."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        with Path(f"/proc/{pid}/stat").open("rb") as handle:
-            stat = handle.read()
     except OSError:
+        return None
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
     marker = next((v for v in environ if v.startswith(OWNER_ENV.encode() + b"=")), None)
     command = _command_line(pid)
     if marker is None or not command or "tansu" not in Path(command[0]).name:
         return None
     owner = marker.partition(b"=")[2]
-    # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses
-    ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    ppid = int(fields[1])
     if not owner.isdigit() or int(owner) == ppid:
         return None
     return int(owner)
