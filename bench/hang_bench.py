@@ -2,7 +2,7 @@
 4,096-rank job (targets: < 5 s and < 1 GB; docs/hangs.md).
 
 Run: ``python bench/hang_bench.py [--ranks 4096 --entries 2000 --frames 4] [--workers N]
-[--dir DIR] [--per-dump N] [--format table|json]``.
+[--dir DIR] [--per-dump N] [--instructions N] [--format table|json]``.
 
 It writes one pickle dump per rank (as ``torch._C._distributed_c10d._dump_fr_trace()`` does:
 ``version``, ``pg_config`` with ranks strings, ``pg_status`` keyed by the rank-local pg_id,
@@ -14,9 +14,14 @@ its wall time and the peak RSS of the child and of its pool workers.
 The machine it runs on may be shared and its speed drift by 2-3x, so the same invocation also
 measures the *unpickle floor*: the same pool, same chunks, reads and ``pickle.loads`` every
 dump and frees it (no restriction, no summary, no result), once before the reader and once
-after, each in a fresh process. ``read_over_floor`` is the reader's time over their mean.
+after, each in a fresh process. ``read_over_floor`` is the reader's time over their mean, and
+``cpu_over_floor`` its CPU time (the pool's workers' included) over theirs: CPU time does not
+depend on how many cores were idle, so it also tells how the read scales with cores.
 ``--per-dump N`` adds, on one core, the ways of reading N dumps (the restricted unpickler with
 a 1 MiB buffer, ``load_dump``, a pool worker's whole task) as ratios to ``pickle.loads``.
+``--instructions N`` counts, with valgrind's callgrind, the instructions per dump of
+``pickle.loads``, ``load_dump`` and a worker's task over N dumps: a figure the machine's load
+does not move (time is 2-4x noisier here than the differences between ways).
 
 The job: a world group, tensor-parallel groups of 8 consecutive ranks, pipeline groups of
 ranks ``r, r + world/pp, ...`` (point-to-point sends) and expert-parallel groups of 8 strided
@@ -35,6 +40,7 @@ import gc
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import subprocess
@@ -227,6 +233,13 @@ def expected(world: int) -> dict[int, str]:
     }
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its waited-for children (a pool's workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def measure(directory: Path, workers: int) -> dict[str, Any]:
     """In this (fresh) process: read + summarise + analyse ``directory``."""
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -236,14 +249,17 @@ def measure(directory: Path, workers: int) -> dict[str, Any]:
 
     # the floor's clock starts after its imports too: read_s compares with it
     import_s = time.perf_counter() - began
+    cpu = _cpu_s()
     started = time.perf_counter()
     summaries = read_dump_dir(directory, PREFIX, workers=workers)
     read_s = time.perf_counter() - started
+    read_cpu_s = _cpu_s() - cpu
     t = time.perf_counter()
     analysis = analyze(summaries)
     analyse_s = time.perf_counter() - t
     return {
         "read_s": read_s,
+        "read_cpu_s": read_cpu_s,
         "analyse_s": analyse_s,
         "import_s": import_s,
         "total_s": time.perf_counter() - began,
@@ -271,6 +287,7 @@ def measure_floor(directory: Path, workers: int) -> dict[str, Any]:
     from collectors.flight_recorder import PARALLEL_FROM, pool_chunksize  # noqa: PLC0415
 
     paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))
+    cpu = _cpu_s()
     started = time.perf_counter()
     if workers > 1 and len(paths) >= PARALLEL_FROM:
         chunk = pool_chunksize(len(paths), workers)
@@ -278,17 +295,68 @@ def measure_floor(directory: Path, workers: int) -> dict[str, Any]:
             for _ in pool.map(_unpickle_only, paths, chunksize=chunk):
                 pass
     else:
+        enabled = gc.isenabled()
         gc.disable()
         for path in paths:
             _unpickle_only(path)
-    return {"floor_s": time.perf_counter() - started, "dumps": len(paths)}
+        if enabled:
+            gc.enable()
+    return {
+        "floor_s": time.perf_counter() - started,
+        "floor_cpu_s": _cpu_s() - cpu,
+        "dumps": len(paths),
+    }
 
 
-def measure_per_dump(directory: Path, count: int) -> dict[str, Any]:
+def measure_interleaved(directory: Path, workers: int, turns: int) -> dict[str, Any]:
+    """In this (fresh) process: the reader (``read_dump_dir``, as ``minder hang analyze``
+    calls it) and the floor (:func:`measure_floor`) take turns over ``turns`` slices of the
+    dumps, each slice read by both, the order swapped every other turn, so that the machine's
+    drift falls on both alike. Each slice is a directory of links to its dumps."""
+    from collectors.flight_recorder import read_dump_dir  # noqa: PLC0415
+
+    paths = sorted(p for p in directory.iterdir() if p.name.startswith(PREFIX))
+    size = -(-len(paths) // max(1, turns))
+    spent = {"reader": [0.0, 0.0], "floor": [0.0, 0.0]}  # wall, CPU
+    summaries = 0
+    with tempfile.TemporaryDirectory(prefix="hang-bench-turns-") as links:
+        for turn in range(max(1, turns)):
+            part = Path(links) / str(turn)
+            part.mkdir()
+            for path in paths[turn * size : (turn + 1) * size]:
+                (part / path.name).symlink_to(path.resolve())
+            order = ("reader", "floor") if turn % 2 == 0 else ("floor", "reader")
+            for way in order:
+                cpu = _cpu_s()
+                started = time.perf_counter()
+                if way == "reader":
+                    summaries += len(read_dump_dir(part, PREFIX, workers=workers))
+                else:
+                    measure_floor(part, workers)
+                spent[way][0] += time.perf_counter() - started
+                spent[way][1] += _cpu_s() - cpu
+    return {
+        "turns": max(1, turns),
+        "summaries": summaries,
+        "reader_s": spent["reader"][0],
+        "reader_cpu_s": spent["reader"][1],
+        "floor_s": spent["floor"][0],
+        "floor_cpu_s": spent["floor"][1],
+        "read_over_floor": spent["reader"][0] / spent["floor"][0],
+        "cpu_over_floor": spent["reader"][1] / spent["floor"][1],
+    }
+
+
+WAYS = ("loads", "buffer_1_mib", "load_dump", "worker_task")
+"""The ways of reading one dump that ``--per-dump`` compares."""
+
+
+def measure_per_dump(directory: Path, count: int, only: str | None = None) -> dict[str, Any]:
     """In this (fresh) process, on one core: each way of reading ``count`` distinct dumps, as a
     ratio to ``pickle.loads`` of the same bytes. The ways take turns 20 dumps at a time (the
     order reversed every other turn), so that the machine's drift falls on all alike; every
-    dump's bytes are read afresh (the page cache warm), as the reader does."""
+    dump's bytes are read afresh (the page cache warm), as the reader does. With ``only``, that
+    way alone (what :func:`measure_instructions` counts)."""
     import io  # noqa: PLC0415
 
     from collectors import flight_recorder as fr  # noqa: PLC0415
@@ -307,10 +375,11 @@ def measure_per_dump(directory: Path, count: int) -> dict[str, Any]:
         fr.load_dump(path)
 
     def worker_task(path: str) -> None:
-        """What a pool worker does per dump: load, summarise, pack, pickle the result."""
-        pickle.dumps(fr._read_packed((path, PREFIX)))
+        """What a pool worker does per dump: load, summarise, pickle the result."""
+        pickle.dumps(fr._read_one((path, PREFIX)))
 
-    ways = (loads, buffer_1_mib, load_dump, worker_task)
+    every = (loads, buffer_1_mib, load_dump, worker_task)
+    ways = tuple(w for w in every if only in (None, w.__name__))
     paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))[:count]
     spent = dict.fromkeys((w.__name__ for w in ways), 0.0)
     gc.disable()
@@ -325,7 +394,66 @@ def measure_per_dump(directory: Path, count: int) -> dict[str, Any]:
     return {
         "dumps": len(paths),
         "per_dump_ms": {k: round(v / n * 1e3, 3) for k, v in spent.items()},
-        "over_loads": {k: round(v / spent["loads"], 3) for k, v in spent.items()},
+        "over_loads": (
+            {k: round(v / spent["loads"], 3) for k, v in spent.items()}
+            if spent.get("loads")
+            else {}
+        ),
+    }
+
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def measure_instructions(
+    directory: Path, count: int, ways: tuple[str, ...] = ("loads", "load_dump", "worker_task")
+) -> dict[str, Any] | None:
+    """Instructions per dump of ``pickle.loads``, ``load_dump`` and a pool worker's task, on
+    one core, counted by valgrind's callgrind: unlike time, the count does not change with the
+    machine's load or speed. Each way runs in its own process over ``count`` dumps and over
+    none (its start-up and imports, subtracted), with one hash seed for all, so that the
+    start-ups count alike to the instruction. None when valgrind is not installed."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    counts: dict[str, float] = {}
+    for way in ways:
+        collected = []
+        for n in (0, count):
+            child = subprocess.run(
+                [
+                    valgrind,
+                    "--tool=callgrind",
+                    "--callgrind-out-file=/dev/null",
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--measure-per-dump",
+                    str(directory),
+                    "--per-dump",
+                    str(n),
+                    "--only",
+                    way,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=env,
+            )
+            found = _COLLECTED.search(child.stderr)
+            if child.returncode != 0 or found is None:
+                sys.stderr.write(child.stderr[-3000:])
+                return None
+            collected.append(int(found.group(1)))
+        counts[way] = (collected[1] - collected[0]) / max(1, count)
+    return {
+        "dumps": count,
+        "per_dump": {k: round(v) for k, v in counts.items()},
+        "over_loads": (
+            {k: round(v / counts["loads"], 3) for k, v in counts.items()}
+            if counts.get("loads")
+            else {}
+        ),
     }
 
 
@@ -367,14 +495,35 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also compare ways of reading N dumps on one core, as ratios to pickle.loads",
     )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also count instructions per dump over N dumps (valgrind), as ratios to pickle.loads",
+    )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run the reader and the floor in turns over K slices of the dumps, in one "
+        "process",
+    )
     parser.add_argument("--measure-floor", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-per-dump", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-interleaved", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=WAYS, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_per_dump is not None:
-        print(json.dumps(measure_per_dump(args.measure_per_dump, args.per_dump)))
+        print(json.dumps(measure_per_dump(args.measure_per_dump, args.per_dump, args.only)))
         return 0
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.workers)))
+        return 0
+    if args.measure_interleaved is not None:
+        turns = measure_interleaved(args.measure_interleaved, args.workers, args.interleave)
+        print(json.dumps(turns))
         return 0
     if args.measure_floor is not None:
         print(json.dumps(measure_floor(args.measure_floor, args.workers)))
@@ -394,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         # The floor, then the reader, then the floor again: each in a fresh process, the
         # dumps in the page cache for all three; the floor is the mean of its two runs.
         floors = []
+        floor_cpus = []
         result = None
         for mode in ("--measure-floor", "--measure", "--measure-floor"):
             out = _child(directory, args.workers, mode)
@@ -403,12 +553,31 @@ def main(argv: list[str] | None = None) -> int:
                 result = out
             else:
                 floors.append(out["floor_s"])
+                floor_cpus.append(out["floor_cpu_s"])
         assert result is not None
         floor_s = sum(floors) / len(floors)
+        floor_cpu_s = sum(floor_cpus) / len(floor_cpus)
         per_dump = None
         if args.per_dump > 0:
             per_dump = _child(directory, 1, "--measure-per-dump", "--per-dump", str(args.per_dump))
             if per_dump is None:
+                return 2
+        interleaved = None
+        if args.interleave > 0:
+            interleaved = _child(
+                directory,
+                args.workers,
+                "--measure-interleaved",
+                "--interleave",
+                str(args.interleave),
+            )
+            if interleaved is None:
+                return 2
+        instructions = None
+        if args.instructions > 0:
+            instructions = measure_instructions(directory, args.instructions)
+            if instructions is None:
+                sys.stderr.write("--instructions: valgrind is missing or failed\n")
                 return 2
     finally:
         if temp is not None:
@@ -430,8 +599,14 @@ def main(argv: list[str] | None = None) -> int:
         "floor_s": round(floor_s, 3),
         "floor_runs_s": [round(f, 3) for f in floors],
         "read_over_floor": round(result["read_s"] / floor_s, 3),
+        "read_cpu_s": round(result["read_cpu_s"], 3),
+        "floor_cpu_s": round(floor_cpu_s, 3),
+        "cpu_over_floor": round(result["read_cpu_s"] / floor_cpu_s, 3),
+        "read_cpu_ms_per_dump": round(result["read_cpu_s"] / max(1, result["summaries"]) * 1e3, 3),
         "import_s": round(result["import_s"], 3),
+        "interleaved": interleaved,
         "per_dump": per_dump,
+        "instructions": instructions,
         "peak_rss_mb": round(result["peak_rss_mb"], 1),
         "worker_peak_rss_mb": round(result["worker_peak_rss_mb"], 1),
         "target_s": TARGET_S,
@@ -452,6 +627,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{report['floor_s']:.2f} s (pickle.loads of each dump, same pool; read + "
                 f"summarise = {report['read_over_floor']:.2f}x it)",
             ),
+            (
+                "CPU",
+                f"read + summarise {report['read_cpu_s']:.1f} s "
+                f"({report['read_cpu_ms_per_dump']:.2f} ms per dump), floor "
+                f"{report['floor_cpu_s']:.1f} s: {report['cpu_over_floor']:.2f}x",
+            ),
             ("analyse", f"{report['analyse_s']:.3f} s"),
             *(
                 [
@@ -462,6 +643,32 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 ]
                 if per_dump
+                else []
+            ),
+            *(
+                [
+                    (
+                        "in turns",
+                        f"reader {interleaved['read_over_floor']:.2f}x the floor's time, "
+                        f"{interleaved['cpu_over_floor']:.2f}x its CPU "
+                        f"({interleaved['turns']} turns, one process)",
+                    )
+                ]
+                if interleaved
+                else []
+            ),
+            *(
+                [
+                    (
+                        "instructions",
+                        ", ".join(
+                            f"{k} {v / 1e6:.1f} M ({instructions['over_loads'][k]:.2f}x)"
+                            for k, v in instructions["per_dump"].items()
+                        )
+                        + f" per dump ({instructions['dumps']} dumps, valgrind)",
+                    )
+                ]
+                if instructions
                 else []
             ),
             ("total", f"{report['total_s']:.2f} s (target < {TARGET_S:.0f} s)"),

@@ -41,7 +41,6 @@ NCCL builds write):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import io
@@ -51,8 +50,8 @@ import os
 import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress, repeat
-from operator import attrgetter, is_
+from itertools import chain, compress, repeat
+from operator import is_, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -255,23 +254,40 @@ def _text(value: Any) -> str:
     return value[:MAX_TEXT] if isinstance(value, str) else str(value)[:MAX_TEXT]
 
 
+_SHAPE_TYPES = (list, tuple)
+
+
 def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
+    """Tensor shapes: at most MAX_DIMS shapes of at most MAX_DIMS dims, each an int >= 0
+    (others dropped, negatives as 0); () for anything that is not a list of shapes."""
     if not isinstance(value, list | tuple):
         return ()
+    # The usual value, a few short lists of plain non-negative ints, is taken as it is, tested
+    # at C speed; anything else is cut and cleaned shape by shape, to the same result.
+    if len(value) <= MAX_DIMS and all(
+        type(shape) in _SHAPE_TYPES and len(shape) <= MAX_DIMS for shape in value
+    ):
+        dims = list(chain.from_iterable(value))
+        if list(map(type, dims)).count(int) == len(dims) and (not dims or min(dims) >= 0):
+            return tuple(map(tuple, value))
     out: list[tuple[int, ...]] = []
     for shape in value[:MAX_DIMS]:
         if isinstance(shape, list | tuple):
-            dims = tuple(shape[:MAX_DIMS])
-            # the usual shape, plain non-negative ints, is taken as it is
-            if list(map(type, dims)).count(int) != len(dims) or (dims and min(dims) < 0):
-                dims = tuple(max(0, d) for d in (_as_int(x) for x in dims) if d is not None)
-            out.append(dims)
+            cut = tuple(shape[:MAX_DIMS])
+            out.append(tuple(max(0, d) for d in (_as_int(x) for x in cut) if d is not None))
     return tuple(out)
 
 
 def _dtypes(value: Any) -> tuple[str, ...]:
+    """Dtype names: at most MAX_DIMS, each cut to MAX_TEXT; () for anything not a list."""
     if not isinstance(value, list | tuple):
         return ()
+    if (
+        len(value) <= MAX_DIMS
+        and list(map(type, value)).count(str) == len(value)
+        and (not value or max(map(len, value)) <= MAX_TEXT)
+    ):
+        return tuple(value)  # the usual value, plain short strings, tested at C speed
     return tuple(_text(d) for d in value[:MAX_DIMS])
 
 
@@ -327,7 +343,25 @@ def _state(entry: Mapping[str, Any], done: bool) -> EntryState:
     return _STATES.get(str(entry.get("state", "scheduled")), EntryState.SCHEDULED)
 
 
-def _entry(entry: Mapping[str, Any], seq: int, p2p: bool, done: bool) -> FrEntry:
+EntryValues = tuple[
+    int,
+    int,
+    str,
+    EntryState,
+    bool,
+    tuple[tuple[int, ...], ...],
+    tuple[tuple[int, ...], ...],
+    tuple[str, ...],
+    tuple[str, ...],
+    int,
+    int | None,
+]
+"""A :class:`~minder.core.hang.FrEntry`'s field values, in its fields' order."""
+
+
+def _entry(entry: Mapping[str, Any], seq: int, p2p: bool, done: bool) -> EntryValues:
+    """The :class:`~minder.core.hang.FrEntry` of a recorded entry, as its fields' values (a
+    pool worker sends values; the dataclass is built once, where it is used)."""
     get = entry.get
     record_id = get("record_id")
     if type(record_id) is not int:
@@ -339,18 +373,18 @@ def _entry(entry: Mapping[str, Any], seq: int, p2p: bool, done: bool) -> FrEntry
     if type(timeout) is not int:
         timeout = _as_int(timeout)
     op = get("profiling_name", "")
-    return FrEntry(
-        record_id=record_id if record_id is not None and record_id >= 0 else 0,
-        seq=seq,
-        op=op[:MAX_TEXT] if type(op) is str else _text(op),
-        state=_state(entry, done),
-        p2p=p2p,
-        input_sizes=_sizes(get("input_sizes")),
-        output_sizes=_sizes(get("output_sizes")),
-        input_dtypes=_dtypes(get("input_dtypes")),
-        output_dtypes=_dtypes(get("output_dtypes")),
-        created_ns=created if created is not None and 0 <= created < 2**63 else 0,
-        timeout_ms=timeout if timeout is not None and 0 <= timeout <= MAX_SEQ else None,
+    return (
+        record_id if record_id is not None and record_id >= 0 else 0,
+        seq,
+        op[:MAX_TEXT] if type(op) is str else _text(op),
+        _state(entry, done),
+        p2p,
+        _sizes(get("input_sizes")),
+        _sizes(get("output_sizes")),
+        _dtypes(get("input_dtypes")),
+        _dtypes(get("output_dtypes")),
+        created if created is not None and 0 <= created < 2**63 else 0,
+        timeout if timeout is not None and 0 <= timeout <= MAX_SEQ else None,
     )
 
 
@@ -435,7 +469,7 @@ def _walk(entries: Iterable[Any], join: Callable[[Any, Any], _Group]) -> int:
 
 def _frontier(
     newest_first: Iterable[Mapping[str, Any]], last_completed: int | None
-) -> tuple[FrEntry, ...]:
+) -> list[EntryValues]:
     """The oldest collective not completed, preceded by the newest completed ones, plus the
     oldest point-to-point op not completed (in recording order), at most MAX_ENTRIES, of one
     group's entries given newest first.
@@ -477,8 +511,8 @@ def _frontier(
     window = [_entry(e, seq, False, done) for e, seq, done in colls[max(0, end - room) : end]]
     if p2p_open is not None:
         window.append(_entry(p2p_open[0], p2p_open[1], True, False))
-        window.sort(key=lambda x: x.record_id)
-    return tuple(window)
+        window.sort(key=itemgetter(0))  # by record id
+    return window
 
 
 def _newest_first(
@@ -509,8 +543,21 @@ def summarize(
     source: str = "",
     dumped_ts: float = 0.0,
 ) -> RankSummary:
-    """The compact :class:`~minder.core.hang.RankSummary` of one rank's dump (never its
-    stack frames).
+    """The compact :class:`~minder.core.hang.RankSummary` of one rank's dump (never its stack
+    frames): :func:`_summary_values` as the dataclass."""
+    return _unpack(_summary_values(dump, rank, node=node, source=source, dumped_ts=dumped_ts))
+
+
+def _summary_values(
+    dump: Mapping[str, Any],
+    rank: int,
+    *,
+    node: str = "",
+    source: str = "",
+    dumped_ts: float = 0.0,
+) -> list[Any]:
+    """The values of the compact :class:`~minder.core.hang.RankSummary` of one rank's dump
+    (never its stack frames).
 
     Per process group: its ranks (from ``pg_config``, as runs), ``pg_status``'s last
     enqueued, started and completed sequence ids (None for -1 or absent), and the frontier
@@ -520,6 +567,10 @@ def summarize(
     A dump's entries are grouped at C speed where they allow it (:func:`_locate`), else one
     by one (:func:`_walk`); each group's frontier is then searched from its newest entry and
     stops as soon as it is complete, so a long ring is not walked through in Python.
+
+    The result is the summary's fields' values, nested as lists in their fields' order
+    (:data:`_SUMMARY_FIELDS`, :data:`_GROUP_FIELDS`, :data:`_ENTRY_FIELDS`); :func:`_unpack`
+    makes it the dataclass.
     """
     if not 0 <= rank <= MAX_RANK:
         raise DumpError(f"rank {rank}: expected 0..{MAX_RANK}")
@@ -595,7 +646,7 @@ def summarize(
 
     ordered = sorted(groups.values(), key=lambda g: group_order(g.name))
     kept = ordered[:MAX_GROUPS]
-    states: list[GroupState] = []
+    states: list[list[Any]] = []
     for g in kept:
         s = g.status or {}
         last_completed = _seq(s.get("last_completed_collective"))
@@ -620,32 +671,85 @@ def summarize(
                     MAX_RANK_RUNS,
                 )
                 runs = ()
+        # GroupState's fields, in order (see _unpack)
         states.append(
-            GroupState(
-                group=g.name,
-                desc=g.desc,
-                ranks=runs,
-                last_enqueued=_seq(s.get("last_enqueued_collective")),
-                last_started=_seq(s.get("last_started_collective")),
-                last_completed=last_completed,
-                entries=_frontier(
+            [
+                g.name,
+                g.desc,
+                runs,
+                _seq(s.get("last_enqueued_collective")),
+                _seq(s.get("last_started_collective")),
+                last_completed,
+                _frontier(
                     reversed(g.entries)
                     if located is None or not g.pg_ids
                     else _newest_first(entries, ids, g.pg_ids, last_completed is None),
                     last_completed,
                 ),
-            )
+            ]
         )
-    return RankSummary(
-        rank=rank,
-        version=_text(dump.get("version", ""))[:16],
-        groups=tuple(states),
-        node=node[:253],
-        dumped_ts=dumped_ts,
-        source=source[:MAX_TEXT],
-        entries_total=len(entries),
-        groups_dropped=len(ordered) - len(kept),
-    )
+    # RankSummary's fields, in order
+    return [
+        rank,
+        _text(dump.get("version", ""))[:16],
+        states,
+        node[:253],
+        dumped_ts,
+        source[:MAX_TEXT],
+        len(entries),
+        len(ordered) - len(kept),
+    ]
+
+
+_GROUP_FIELDS = (
+    "group",
+    "desc",
+    "ranks",
+    "last_enqueued",
+    "last_started",
+    "last_completed",
+    "entries",
+)
+"""The order of :func:`_summary_values`'s group values (GroupState's fields)."""
+_SUMMARY_FIELDS = (
+    "rank",
+    "version",
+    "groups",
+    "node",
+    "dumped_ts",
+    "source",
+    "entries_total",
+    "groups_dropped",
+)
+"""The order of :func:`_summary_values`'s values (RankSummary's fields)."""
+_ENTRY_FIELDS = (
+    "record_id",
+    "seq",
+    "op",
+    "state",
+    "p2p",
+    "input_sizes",
+    "output_sizes",
+    "input_dtypes",
+    "output_dtypes",
+    "created_ns",
+    "timeout_ms",
+)
+"""The order of :func:`_entry`'s values (FrEntry's fields)."""
+_GROUPS_AT = _SUMMARY_FIELDS.index("groups")
+_ENTRIES_AT = _GROUP_FIELDS.index("entries")
+
+
+def _unpack(values: list[Any]) -> RankSummary:
+    """The :class:`~minder.core.hang.RankSummary` of :func:`_summary_values`'s values (plain
+    lists and tuples, which a pool worker's result is: they pickle and load several times
+    faster than frozen dataclasses, whose state goes through Python code field by field)."""
+    groups = []
+    for group in values[_GROUPS_AT]:
+        group[_ENTRIES_AT] = tuple([FrEntry(*e) for e in group[_ENTRIES_AT]])
+        groups.append(GroupState(*group))
+    values[_GROUPS_AT] = tuple(groups)
+    return RankSummary(*values)
 
 
 # -- files and directories ------------------------------------------------------------------
@@ -670,6 +774,11 @@ def read_summary(
     Raises :class:`DumpError` for a name that is not ``<prefix><rank>`` and everything
     :func:`load_dump` refuses.
     """
+    return _unpack(_read_values(path, prefix, node))
+
+
+def _read_values(path: str | os.PathLike[str], prefix: str | None, node: str) -> list[Any]:
+    """:func:`read_summary` as :func:`_summary_values`'s values."""
     p = Path(path)
     file_prefix = None if prefix is None else os.path.basename(prefix)
     rank = rank_of(p.name, file_prefix)
@@ -677,7 +786,7 @@ def read_summary(
         expected = f"{file_prefix}<rank>" if file_prefix is not None else "<prefix><rank>"
         raise DumpError(f"{_where(p)}: file name {p.name[:64]!r}: expected {expected}")
     dump = load_dump(p)
-    return summarize(dump, rank, node=node, source=p.name, dumped_ts=p.stat().st_mtime)
+    return _summary_values(dump, rank, node=node, source=p.name, dumped_ts=p.stat().st_mtime)
 
 
 def infer_prefix(names: Iterable[str]) -> str:
@@ -698,7 +807,9 @@ def infer_prefix(names: Iterable[str]) -> str:
     return next(iter(prefixes))
 
 
-def _read_one(args: tuple[str, str]) -> RankSummary:
+def _read_one(args: tuple[str, str]) -> list[Any]:
+    """Read and summarise one ``(path, prefix)`` as :func:`_summary_values`'s values (what a
+    pool worker returns: plain lists and tuples pickle and load quickly)."""
     path, prefix = args
     enabled = gc.isenabled()
     # A dump is plain, acyclic data freed by reference counting: collecting while its tens of
@@ -706,49 +817,10 @@ def _read_one(args: tuple[str, str]) -> RankSummary:
     # costs, as much again as loading them.
     gc.disable()
     try:
-        return read_summary(path, prefix=prefix)
+        return _read_values(path, prefix, "")
     finally:
         if enabled:
             gc.enable()
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-_ENTRY_VALUES = attrgetter(*_fields(FrEntry))
-_GROUP_VALUES = attrgetter(*_fields(GroupState))
-_SUMMARY_VALUES = attrgetter(*_fields(RankSummary))
-_GROUP_ENTRIES = _fields(GroupState).index("entries")
-_SUMMARY_GROUPS = _fields(RankSummary).index("groups")
-
-
-def _pack(summary: RankSummary) -> list[Any]:
-    """``summary`` as lists of its fields' values, nested (a pool worker's result: plain lists
-    pickle and load several times faster than frozen dataclasses, whose state goes through
-    Python code field by field)."""
-    values = list(_SUMMARY_VALUES(summary))
-    groups = []
-    for g in summary.groups:
-        group = list(_GROUP_VALUES(g))
-        group[_GROUP_ENTRIES] = list(map(_ENTRY_VALUES, g.entries))
-        groups.append(group)
-    values[_SUMMARY_GROUPS] = groups
-    return values
-
-
-def _unpack(values: list[Any]) -> RankSummary:
-    """The :class:`~minder.core.hang.RankSummary` :func:`_pack` gave."""
-    groups = []
-    for group in values[_SUMMARY_GROUPS]:
-        group[_GROUP_ENTRIES] = tuple([FrEntry(*e) for e in group[_GROUP_ENTRIES]])
-        groups.append(GroupState(*group))
-    values[_SUMMARY_GROUPS] = tuple(groups)
-    return RankSummary(*values)
-
-
-def _read_packed(args: tuple[str, str]) -> list[Any]:
-    return _pack(_read_one(args))
 
 
 def _world(summary: RankSummary) -> tuple[tuple[int, int, int], ...] | None:
@@ -824,9 +896,9 @@ def read_dump_dir(
 
         with ProcessPoolExecutor(max_workers=n) as pool:
             chunk = pool_chunksize(len(jobs), n)
-            summaries = [_unpack(v) for v in pool.map(_read_packed, jobs, chunksize=chunk)]
+            summaries = [_unpack(v) for v in pool.map(_read_one, jobs, chunksize=chunk)]
     else:
-        summaries = [_read_one(job) for job in jobs]
+        summaries = [_unpack(_read_one(job)) for job in jobs]
     _check_one_job(root, summaries)
     return summaries
 

@@ -3,7 +3,9 @@ are read in a child process, the three injected culprits are named and nobody el
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,8 @@ def test_a_small_run_names_the_injected_culprits(tmp_path: Path) -> None:
         "2",
         "--dir",
         str(tmp_path),
+        "--interleave",
+        "2",
         "--format",
         "json",
     )
@@ -51,6 +55,20 @@ def test_a_small_run_names_the_injected_culprits(tmp_path: Path) -> None:
     # (both rounded to ms in the report: the ratio of the rounded figures is close, not equal)
     ratio = report["read_s"] / report["floor_s"]
     assert report["read_over_floor"] == pytest.approx(ratio, rel=0.1, abs=0.05)
+    # CPU, the pool's workers' included: the read's per dump, and against the floor's
+    assert report["read_cpu_s"] > 0 and report["floor_cpu_s"] > 0
+    cpu_ratio = report["read_cpu_s"] / report["floor_cpu_s"]
+    assert report["cpu_over_floor"] == pytest.approx(cpu_ratio, rel=0.1, abs=0.05)
+    per_dump_ms = report["read_cpu_s"] / 127 * 1e3
+    assert report["read_cpu_ms_per_dump"] == pytest.approx(per_dump_ms, rel=0.05)
+    # in turns: every dump read by the reader once (two slices), the ratios of the sums
+    turns = report["interleaved"]
+    assert turns["turns"] == 2 and turns["summaries"] == 127
+    assert turns["reader_s"] > 0 and turns["floor_s"] > 0 and turns["floor_cpu_s"] > 0
+    assert turns["read_over_floor"] == pytest.approx(turns["reader_s"] / turns["floor_s"])
+    assert turns["cpu_over_floor"] == pytest.approx(turns["reader_cpu_s"] / turns["floor_cpu_s"])
+    # the links of the slices are gone; the dumps stay
+    assert len(list(tmp_path.iterdir())) == 127
 
 
 def test_table_output_and_bad_sizes() -> None:
@@ -58,6 +76,7 @@ def test_table_output_and_bad_sizes() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "correct           yes" in done.stdout
     assert "unpickle floor" in done.stdout and "x it)" in done.stdout
+    assert "ms per dump), floor" in done.stdout
 
 
 def test_per_dump_ratios_cover_every_way_over_the_same_dumps(tmp_path: Path) -> None:
@@ -74,3 +93,27 @@ def test_per_dump_ratios_cover_every_way_over_the_same_dumps(tmp_path: Path) -> 
     assert all(ms > 0 for ms in per_dump["per_dump_ms"].values())
     bad = _run("--ranks", "100")
     assert bad.returncode == 2 and "expected a multiple of 64" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_instructions_per_dump_are_counted_without_start_up(tmp_path: Path) -> None:
+    """Instructions per dump, counted by callgrind, less the same process's count over no
+    dump: what ``--instructions`` reports, a figure the machine's load does not move."""
+    done = _run("--ranks", "64", "--entries", "200", "--workers", "1", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location("hang_bench", ROOT / "bench" / "hang_bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    counted = bench.measure_instructions(tmp_path, 2, ways=("loads", "load_dump"))
+    assert counted is not None
+    per_dump = counted["per_dump"]
+    # a 200-entry dump's unpickling: some millions of instructions, not the interpreter's
+    # start-up (a few hundred millions), which is subtracted
+    assert 2e5 < per_dump["loads"] < 5e7
+    # the restricted unpickler, the size bound and the checks cost more than the bare loads
+    assert per_dump["load_dump"] > per_dump["loads"]
+    assert counted["over_loads"]["load_dump"] == pytest.approx(
+        per_dump["load_dump"] / per_dump["loads"], rel=1e-3
+    )

@@ -8,6 +8,7 @@ job does not produce (NCCL's string statuses, a wrapped ring, p2p entries, older
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -465,6 +466,14 @@ def _ref_sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(max(0, d) for d in s) for s in out)
 
 
+def _ref_dtypes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(
+        d[:MAX_TEXT] if isinstance(d, str) else str(d)[:MAX_TEXT] for d in value[:MAX_DIMS]
+    )
+
+
 def _ref_entry(e: Any, seq: int, p2p: bool, done: bool) -> FrEntry:
     record_id = fr._as_int(e.get("record_id"))
     created = fr._as_int(e.get("time_created_ns"))
@@ -483,8 +492,8 @@ def _ref_entry(e: Any, seq: int, p2p: bool, done: bool) -> FrEntry:
         p2p=p2p,
         input_sizes=_ref_sizes(e.get("input_sizes")),
         output_sizes=_ref_sizes(e.get("output_sizes")),
-        input_dtypes=fr._dtypes(e.get("input_dtypes")),
-        output_dtypes=fr._dtypes(e.get("output_dtypes")),
+        input_dtypes=_ref_dtypes(e.get("input_dtypes")),
+        output_dtypes=_ref_dtypes(e.get("output_dtypes")),
         created_ns=created if created is not None and 0 <= created < 2**63 else 0,
         timeout_ms=timeout if timeout is not None and 0 <= timeout <= MAX_SEQ else None,
     )
@@ -783,3 +792,56 @@ def test_many_groups_and_shared_pg_ids_are_walked_one_by_one_alike() -> None:
     assert fr._locate(shared) is None  # one pg_id, two process groups
     got = _same_as_reference(dump(shared, {"1": status(29, 29, 20)}))
     assert [g.group for g in got.groups] == ["0", "1", "2"]
+
+
+# -- fields: the usual values are taken at C speed, anything else cleaned to the same result ---
+
+_ODD = st.one_of(
+    st.integers(-3, 2**40),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=4),
+    st.floats(allow_nan=False),
+    st.sampled_from(["8", " 8", "-2", "x"]),
+)
+_SHAPE = st.one_of(
+    st.lists(st.integers(0, 2**20), max_size=MAX_DIMS + 3),
+    st.lists(_ODD, max_size=MAX_DIMS + 3),
+    st.tuples(st.integers(0, 9), st.integers(-9, 9)),
+    _ODD,
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.lists(st.integers(0, 2**31), max_size=4), max_size=3),  # the usual value
+        st.lists(_SHAPE, max_size=MAX_DIMS + 3),
+        st.tuples(_SHAPE, _SHAPE),
+        _ODD,
+    )
+)
+def test_sizes_are_the_plain_cleaning_of_any_value(value: Any) -> None:
+    assert fr._sizes(value) == _ref_sizes(value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.sampled_from(["Float", "BFloat16", "Half"]), max_size=3),  # the usual value
+        st.lists(st.one_of(st.text(max_size=MAX_TEXT + 20), _ODD), max_size=MAX_DIMS + 3),
+        st.lists(st.text(min_size=MAX_TEXT - 1, max_size=MAX_TEXT + 2), max_size=2),
+        _ODD,
+    )
+)
+def test_dtypes_are_the_plain_cleaning_of_any_value(value: Any) -> None:
+    assert fr._dtypes(value) == _ref_dtypes(value)
+
+
+def test_summary_values_follow_the_dataclasses_fields() -> None:
+    """A pool worker sends a summary as its fields' values in order; the order is the
+    dataclasses' own."""
+    assert tuple(f.name for f in dataclasses.fields(FrEntry)) == fr._ENTRY_FIELDS
+    assert tuple(f.name for f in dataclasses.fields(GroupState)) == fr._GROUP_FIELDS
+    assert tuple(f.name for f in dataclasses.fields(RankSummary)) == fr._SUMMARY_FIELDS
