@@ -2,7 +2,7 @@
 4,096-rank job (targets: < 5 s and < 1 GB; docs/hangs.md).
 
 Run: ``python bench/hang_bench.py [--ranks 4096 --entries 2000 --frames 4] [--workers N]
-[--dir DIR] [--per-dump N] [--instructions N] [--format table|json]``.
+[--dir DIR] [--per-dump N] [--instructions N] [--interleave K] [--format table|json]``.
 
 It writes one pickle dump per rank (as ``torch._C._distributed_c10d._dump_fr_trace()`` does:
 ``version``, ``pg_config`` with ranks strings, ``pg_status`` keyed by the rank-local pg_id,
@@ -21,7 +21,7 @@ depend on how many cores were idle, so it also tells how the read scales with co
 a 1 MiB buffer, ``load_dump``, a pool worker's whole task) as ratios to ``pickle.loads``.
 ``--instructions N`` counts, with valgrind's callgrind, the instructions per dump of
 ``pickle.loads``, ``load_dump`` and a worker's task over N dumps: a figure the machine's load
-does not move (time is 2-4x noisier here than the differences between ways).
+does not move (time here drifts by more than the differences between ways).
 
 The job: a world group, tensor-parallel groups of 8 consecutive ranks, pipeline groups of
 ranks ``r, r + world/pp, ...`` (point-to-point sends) and expert-parallel groups of 8 strided
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import pickle
@@ -312,18 +313,22 @@ def measure_interleaved(directory: Path, workers: int, turns: int) -> dict[str, 
     """In this (fresh) process: the reader (``read_dump_dir``, as ``minder hang analyze``
     calls it) and the floor (:func:`measure_floor`) take turns over ``turns`` slices of the
     dumps, each slice read by both, the order swapped every other turn, so that the machine's
-    drift falls on both alike. Each slice is a directory of links to its dumps."""
-    from collectors.flight_recorder import read_dump_dir  # noqa: PLC0415
+    drift falls on both alike. Each slice is a directory of links to its dumps. With a pool
+    (``workers`` > 1), fewer turns are taken where ``turns`` would leave a slice too small for
+    the pool (:data:`~collectors.flight_recorder.PARALLEL_FROM` dumps)."""
+    from collectors.flight_recorder import PARALLEL_FROM, read_dump_dir  # noqa: PLC0415
 
     paths = sorted(p for p in directory.iterdir() if p.name.startswith(PREFIX))
-    size = -(-len(paths) // max(1, turns))
+    most = len(paths) // PARALLEL_FROM if workers > 1 else len(paths)
+    taken = max(1, min(turns, most))
+    bounds = [round(i * len(paths) / taken) for i in range(taken + 1)]
     spent = {"reader": [0.0, 0.0], "floor": [0.0, 0.0]}  # wall, CPU
     summaries = 0
     with tempfile.TemporaryDirectory(prefix="hang-bench-turns-") as links:
-        for turn in range(max(1, turns)):
+        for turn in range(taken):
             part = Path(links) / str(turn)
             part.mkdir()
-            for path in paths[turn * size : (turn + 1) * size]:
+            for path in paths[bounds[turn] : bounds[turn + 1]]:
                 (part / path.name).symlink_to(path.resolve())
             order = ("reader", "floor") if turn % 2 == 0 else ("floor", "reader")
             for way in order:
@@ -336,7 +341,8 @@ def measure_interleaved(directory: Path, workers: int, turns: int) -> dict[str, 
                 spent[way][0] += time.perf_counter() - started
                 spent[way][1] += _cpu_s() - cpu
     return {
-        "turns": max(1, turns),
+        "turns": taken,
+        "smallest_slice": min(b - a for a, b in itertools.pairwise(bounds)),
         "summaries": summaries,
         "reader_s": spent["reader"][0],
         "reader_cpu_s": spent["reader"][1],
@@ -380,9 +386,16 @@ def measure_per_dump(directory: Path, count: int, only: str | None = None) -> di
 
     every = (loads, buffer_1_mib, load_dump, worker_task)
     ways = tuple(w for w in every if only in (None, w.__name__))
-    paths = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))[:count]
+    every_path = sorted(str(p) for p in directory.iterdir() if p.name.startswith(PREFIX))
+    paths = every_path[:count]
     spent = dict.fromkeys((w.__name__ for w in ways), 0.0)
     gc.disable()
+    # Each way once, uncounted, on the last dump (also when count is 0, so that a count over
+    # none subtracts it): the caches a dump's first reading fills (the rank lists of
+    # pg_config, about 1 ms for a world group of 4,096 ranks) are then filled, as they are
+    # for all but a pool worker's first dump.
+    for way in ways if every_path else ():
+        way(every_path[-1])
     for turn, first in enumerate(range(0, len(paths), 20)):
         chunk = paths[first : first + 20]
         for way in ways if turn % 2 else ways[::-1]:

@@ -262,10 +262,13 @@ def _sizes(value: Any) -> tuple[tuple[int, ...], ...]:
     (others dropped, negatives as 0); () for anything that is not a list of shapes."""
     if not isinstance(value, list | tuple):
         return ()
-    # The usual value, a few short lists of plain non-negative ints, is taken as it is, tested
-    # at C speed; anything else is cut and cleaned shape by shape, to the same result.
-    if len(value) <= MAX_DIMS and all(
-        type(shape) in _SHAPE_TYPES and len(shape) <= MAX_DIMS for shape in value
+    # The usual value, a plain list of a few short plain lists of plain non-negative ints, is
+    # taken as it is, tested at C speed; anything else (subclasses included, whose iteration
+    # may differ from their slices) is cut and cleaned shape by shape, to the same result.
+    if (
+        type(value) in _SHAPE_TYPES
+        and len(value) <= MAX_DIMS
+        and all(type(shape) in _SHAPE_TYPES and len(shape) <= MAX_DIMS for shape in value)
     ):
         dims = list(chain.from_iterable(value))
         if list(map(type, dims)).count(int) == len(dims) and (not dims or min(dims) >= 0):
@@ -283,11 +286,12 @@ def _dtypes(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple):
         return ()
     if (
-        len(value) <= MAX_DIMS
+        type(value) in _SHAPE_TYPES
+        and len(value) <= MAX_DIMS
         and list(map(type, value)).count(str) == len(value)
         and (not value or max(map(len, value)) <= MAX_TEXT)
     ):
-        return tuple(value)  # the usual value, plain short strings, tested at C speed
+        return tuple(value)  # the usual value: a plain list of plain short strings
     return tuple(_text(d) for d in value[:MAX_DIMS])
 
 

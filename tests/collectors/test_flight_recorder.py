@@ -796,6 +796,30 @@ def test_many_groups_and_shared_pg_ids_are_walked_one_by_one_alike() -> None:
 
 # -- fields: the usual values are taken at C speed, anything else cleaned to the same result ---
 
+
+class _Int(int):
+    pass
+
+
+class _Str(str):
+    __slots__ = ()
+
+
+class _Backwards(list[Any]):
+    """A list that iterates backwards: its slices (plain lists) do not."""
+
+    def __iter__(self) -> Any:
+        return reversed(list(super().__iter__()))
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with every item's type beside it (``==`` holds True for 1, and _Str('a') for
+    'a')."""
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_typed(v) for v in value))
+    return (type(value).__name__, value)
+
+
 _ODD = st.one_of(
     st.integers(-3, 2**40),
     st.booleans(),
@@ -803,11 +827,14 @@ _ODD = st.one_of(
     st.text(max_size=4),
     st.floats(allow_nan=False),
     st.sampled_from(["8", " 8", "-2", "x"]),
+    st.builds(_Int, st.integers(-2, 2**20)),
+    st.builds(_Str, st.text(max_size=MAX_TEXT + 2)),
 )
 _SHAPE = st.one_of(
     st.lists(st.integers(0, 2**20), max_size=MAX_DIMS + 3),
     st.lists(_ODD, max_size=MAX_DIMS + 3),
     st.tuples(st.integers(0, 9), st.integers(-9, 9)),
+    st.builds(_Backwards, st.lists(st.integers(0, 9), max_size=3)),
     _ODD,
     st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
 )
@@ -819,11 +846,12 @@ _SHAPE = st.one_of(
         st.lists(st.lists(st.integers(0, 2**31), max_size=4), max_size=3),  # the usual value
         st.lists(_SHAPE, max_size=MAX_DIMS + 3),
         st.tuples(_SHAPE, _SHAPE),
+        st.builds(_Backwards, st.lists(_SHAPE, max_size=3)),
         _ODD,
     )
 )
 def test_sizes_are_the_plain_cleaning_of_any_value(value: Any) -> None:
-    assert fr._sizes(value) == _ref_sizes(value)
+    assert _typed(fr._sizes(value)) == _typed(_ref_sizes(value))
 
 
 @settings(max_examples=400, deadline=None)
@@ -832,11 +860,12 @@ def test_sizes_are_the_plain_cleaning_of_any_value(value: Any) -> None:
         st.lists(st.sampled_from(["Float", "BFloat16", "Half"]), max_size=3),  # the usual value
         st.lists(st.one_of(st.text(max_size=MAX_TEXT + 20), _ODD), max_size=MAX_DIMS + 3),
         st.lists(st.text(min_size=MAX_TEXT - 1, max_size=MAX_TEXT + 2), max_size=2),
+        st.builds(_Backwards, st.lists(st.sampled_from(["Float", "Half"]), max_size=3)),
         _ODD,
     )
 )
 def test_dtypes_are_the_plain_cleaning_of_any_value(value: Any) -> None:
-    assert fr._dtypes(value) == _ref_dtypes(value)
+    assert _typed(fr._dtypes(value)) == _typed(_ref_dtypes(value))
 
 
 def test_summary_values_follow_the_dataclasses_fields() -> None:
