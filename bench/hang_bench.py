@@ -357,6 +357,12 @@ WAYS = ("loads", "buffer_1_mib", "load_dump", "worker_task")
 """The ways of reading one dump that ``--per-dump`` compares."""
 
 
+def _over_loads(per_way: dict[str, float]) -> dict[str, float]:
+    """Each way's figure as a ratio to ``pickle.loads``'s; {} when loads was not measured."""
+    loads = per_way.get("loads")
+    return {k: round(v / loads, 3) for k, v in per_way.items()} if loads else {}
+
+
 def measure_per_dump(directory: Path, count: int, only: str | None = None) -> dict[str, Any]:
     """In this (fresh) process, on one core: each way of reading ``count`` distinct dumps, as a
     ratio to ``pickle.loads`` of the same bytes. The ways take turns 20 dumps at a time (the
@@ -407,11 +413,7 @@ def measure_per_dump(directory: Path, count: int, only: str | None = None) -> di
     return {
         "dumps": len(paths),
         "per_dump_ms": {k: round(v / n * 1e3, 3) for k, v in spent.items()},
-        "over_loads": (
-            {k: round(v / spent["loads"], 3) for k, v in spent.items()}
-            if spent.get("loads")
-            else {}
-        ),
+        "over_loads": _over_loads(spent),
     }
 
 
@@ -462,11 +464,7 @@ def measure_instructions(
     return {
         "dumps": count,
         "per_dump": {k: round(v) for k, v in counts.items()},
-        "over_loads": (
-            {k: round(v / counts["loads"], 3) for k, v in counts.items()}
-            if counts.get("loads")
-            else {}
-        ),
+        "over_loads": _over_loads(counts),
     }
 
 
